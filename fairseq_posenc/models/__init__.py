@@ -1,0 +1,1 @@
+from . import transformer_posenc  # noqa: F401  (registers the model and its architectures)

@@ -1,0 +1,76 @@
+"""``transformer_posenc``: fairseq's Transformer with a choice of position encoding.
+
+With ``--position-encoding sinusoidal`` (the default) it has the same parameters, initialised
+in the same order, as fairseq's ``transformer``: it is the baseline every encoding is compared
+with. Architectures below only set defaults, in fairseq's style.
+"""
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer.transformer_legacy import (
+    base_architecture,
+    transformer_vaswani_wmt_en_de_big,
+)
+
+from ..positions import get_position_encoding
+from .config import PosencConfig
+from .transformer_stacks import PosencTransformerDecoder, PosencTransformerEncoder
+
+
+@register_model("transformer_posenc")
+class PosencTransformerModel(TransformerModel):
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        gen_parser_from_dataclass(parser, PosencConfig(), delete_default=True, with_prefix="")
+
+    @classmethod
+    def build_model(cls, args, task):
+        posenc_base_architecture(args)
+        scheme = get_position_encoding(args.position_encoding)
+        # The scheme decides fairseq's input position embedding; fairseq's own flags for it
+        # would contradict the one choice flag.
+        learned = scheme.input_embedding == "learned"
+        if (args.encoder_learned_pos or args.decoder_learned_pos) and not learned:
+            raise ValueError(
+                "use --position-encoding learned instead of --encoder-learned-pos/--decoder-learned-pos"
+            )
+        args.encoder_learned_pos = args.decoder_learned_pos = learned
+        if scheme.input_embedding is None:
+            args.no_token_positional_embeddings = True
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return PosencTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return PosencTransformerDecoder(
+            TransformerConfig.from_namespace(args),
+            tgt_dict,
+            embed_tokens,
+            no_encoder_attn=args.no_cross_attention,
+        )
+
+
+def posenc_defaults(args):
+    args.position_encoding = getattr(args, "position_encoding", "sinusoidal")
+    args.attention_head_dim = getattr(args, "attention_head_dim", None)
+
+
+@register_model_architecture("transformer_posenc", "transformer_posenc")
+def posenc_base_architecture(args):
+    posenc_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("transformer_posenc", "transformer_posenc_wmt_en_de")
+def transformer_posenc_wmt_en_de(args):
+    posenc_base_architecture(args)
+
+
+@register_model_architecture("transformer_posenc", "transformer_posenc_wmt_en_de_big")
+def transformer_posenc_wmt_en_de_big(args):
+    posenc_defaults(args)
+    transformer_vaswani_wmt_en_de_big(args)

@@ -1,0 +1,226 @@
+"""The one attention module of ``transformer_posenc``.
+
+It subclasses fairseq's :class:`MultiheadAttention` to keep its contract and its machinery
+(parameter names and initialisation, the incremental-state buffer, ``reorder_incremental_state``
+and the beamable encoder-decoder cache) but runs its own forward: fairseq's forward hands most
+calls to ``F.multi_head_attention_forward``, which leaves no place for a position term.
+Attention runs through ``F.scaled_dot_product_attention`` unless the caller asks for the
+attention weights.
+"""
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.modules import MultiheadAttention
+from fairseq.modules.quant_noise import quant_noise
+from torch import Tensor
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+class PositionalAttention(MultiheadAttention):
+    """Multi-head attention with an optional head size independent of ``embed_dim / num_heads``.
+
+    ``head_dim`` (Bhojanapalli et al., 2020): queries, keys and values are projected to
+    ``num_heads * head_dim`` and the logits are scaled by ``1 / sqrt(head_dim)``. ``None`` keeps
+    fairseq's ``embed_dim // num_heads``, and then the parameters are exactly fairseq's.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        head_dim: Optional[int] = None,
+        kdim: Optional[int] = None,
+        vdim: Optional[int] = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        self_attention: bool = False,
+        encoder_decoder_attention: bool = False,
+        q_noise: float = 0.0,
+        qn_block_size: int = 8,
+    ):
+        if head_dim is None and embed_dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim {embed_dim} is not divisible by {num_heads} heads; "
+                "set --attention-head-dim to choose the head size"
+            )
+        if head_dim is not None and head_dim <= 0:
+            raise ValueError(f"--attention-head-dim must be positive, got {head_dim}")
+        # fairseq's constructor asserts embed_dim % num_heads == 0 even when the head size is
+        # decoupled; give it a divisible shape and rebuild the projections below.
+        super().__init__(
+            embed_dim if embed_dim % num_heads == 0 else num_heads * head_dim,
+            num_heads,
+            kdim=kdim if kdim is not None else embed_dim,
+            vdim=vdim if vdim is not None else embed_dim,
+            dropout=dropout,
+            bias=bias,
+            self_attention=self_attention,
+            encoder_decoder_attention=encoder_decoder_attention,
+            q_noise=q_noise,
+            qn_block_size=qn_block_size,
+        )
+        if head_dim is not None and (head_dim != self.head_dim or embed_dim != self.embed_dim):
+            inner = num_heads * head_dim
+            self.embed_dim, self.head_dim = embed_dim, head_dim
+            self.qkv_same_dim = self.kdim == embed_dim and self.vdim == embed_dim
+            self.q_proj = quant_noise(nn.Linear(embed_dim, inner, bias=bias), q_noise, qn_block_size)
+            self.k_proj = quant_noise(nn.Linear(self.kdim, inner, bias=bias), q_noise, qn_block_size)
+            self.v_proj = quant_noise(nn.Linear(self.vdim, inner, bias=bias), q_noise, qn_block_size)
+            self.out_proj = quant_noise(nn.Linear(inner, embed_dim, bias=bias), q_noise, qn_block_size)
+            self.reset_parameters()
+        self.scaling = self.head_dim**-0.5
+        self.inner_dim = num_heads * self.head_dim
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        # (T, B, H * D) -> (B, H, T, D)
+        length, batch, _ = x.shape
+        return x.view(length, batch, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Input (T, B, C); returns the output (T, B, C) and, on request, the weights:
+        (H, B, T, S) with ``need_head_weights``, else averaged over heads (B, T, S)."""
+        if before_softmax:
+            raise ValueError("PositionalAttention does not return pre-softmax logits")
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, _ = query.shape
+
+        saved_state = None
+        if incremental_state is not None:
+            saved_state = self._get_input_buffer(incremental_state)
+            if static_kv and "prev_key" in saved_state:
+                key = value = None  # the encoder's keys and values are cached
+
+        q = self._split_heads(self.q_proj(query))
+        k = v = None
+        if self.self_attention:
+            k, v = self._split_heads(self.k_proj(query)), self._split_heads(self.v_proj(query))
+        elif key is not None:
+            beamable = self.encoder_decoder_attention and incremental_state is not None
+            if beamable and self.beam_size > 1 and key.size(1) == bsz:
+                # In beam search every beam of a sentence sees the same encoder output: keep one
+                # copy (fairseq's beamable attention; its reorder_incremental_state expects it).
+                key = key[:, :: self.beam_size]
+                value = key
+                if key_padding_mask is not None:
+                    key_padding_mask = key_padding_mask[:: self.beam_size]
+            k, v = self._split_heads(self.k_proj(key)), self._split_heads(self.v_proj(value))
+
+        if saved_state is not None:
+            k, v, key_padding_mask = self._update_cache(
+                incremental_state, saved_state, k, v, key_padding_mask, static_kv
+            )
+        assert k is not None and v is not None
+        kv_bsz, src_len = k.size(0), k.size(2)
+
+        mask = self._additive_mask(attn_mask, key_padding_mask, q.dtype, src_len)
+
+        # Beamable encoder-decoder attention: fold the beams into the query length so that
+        # (B * beam) queries meet B keys without copying the keys.
+        beams = bsz // kv_bsz
+        if beams > 1:
+            q = q.view(kv_bsz, beams, self.num_heads, tgt_len, self.head_dim)
+            q = q.transpose(1, 2).reshape(kv_bsz, self.num_heads, beams * tgt_len, self.head_dim)
+            if mask is not None and mask.size(-2) > 1:
+                mask = mask.repeat(1, 1, beams, 1)
+
+        weights = None
+        if need_weights:
+            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+            if mask is not None:
+                logits = logits + mask
+            weights = utils.softmax(logits, dim=-1)  # float32, as fairseq
+            out = torch.matmul(self.dropout_module(weights.type_as(logits)), v)
+        else:
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=self.dropout_module.p if self.training else 0.0,
+                scale=self.scaling,
+            )
+
+        if beams > 1:
+            # (B, H, beam * T, D) -> (B * beam, H, T, D)
+            out = out.view(kv_bsz, self.num_heads, beams, tgt_len, self.head_dim).transpose(1, 2)
+            out = out.reshape(bsz, self.num_heads, tgt_len, self.head_dim)
+            if weights is not None:
+                weights = weights.view(kv_bsz, self.num_heads, beams, tgt_len, src_len)
+                weights = weights.transpose(1, 2).reshape(bsz, self.num_heads, tgt_len, src_len)
+        # (B, H, T, D) -> (T, B, H * D)
+        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.inner_dim))
+
+        if weights is not None:
+            weights = weights.transpose(0, 1)  # (H, B, T, S)
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        return out, weights
+
+    def _update_cache(
+        self,
+        incremental_state: IncrementalState,
+        saved_state: Dict[str, Optional[Tensor]],
+        k: Optional[Tensor],
+        v: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        static_kv: bool,
+    ):
+        """Append this step's keys and values to fairseq's incremental buffer (B, H, S, D)."""
+        if "prev_key" in saved_state:
+            if static_kv:
+                k, v = saved_state["prev_key"], saved_state["prev_value"]
+            else:
+                k = torch.cat([saved_state["prev_key"], k], dim=2)
+                v = torch.cat([saved_state["prev_value"], v], dim=2)
+        key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+            key_padding_mask=key_padding_mask,
+            prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+            batch_size=k.size(0),
+            src_len=k.size(2),
+            static_kv=static_kv,
+        )
+        saved_state["prev_key"], saved_state["prev_value"] = k, v
+        saved_state["prev_key_padding_mask"] = key_padding_mask
+        self._set_input_buffer(incremental_state, saved_state)
+        return k, v, key_padding_mask
+
+    @staticmethod
+    def _additive_mask(
+        attn_mask: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        dtype: torch.dtype,
+        src_len: int,
+    ) -> Optional[Tensor]:
+        """One additive float mask, broadcastable to (B, H, T, S), or None.
+
+        ``attn_mask`` is (T, S), boolean (True = blocked) or additive; ``key_padding_mask`` is
+        (B, S), True or 1 at padding (fairseq's cache turns it into floats).
+        """
+        mask = None
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros_like(attn_mask, dtype=dtype).masked_fill(attn_mask, -math.inf)
+            mask = attn_mask.to(dtype)[None, None]
+        if key_padding_mask is not None:
+            assert key_padding_mask.size(1) == src_len
+            pad = key_padding_mask.to(torch.bool)[:, None, None, :]
+            pad = torch.zeros(pad.shape, dtype=dtype, device=pad.device).masked_fill(pad, -math.inf)
+            mask = pad if mask is None else mask + pad
+        return mask

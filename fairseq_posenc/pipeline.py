@@ -1,0 +1,124 @@
+"""Thin wrappers over fairseq's own CLI, for the demo, the benchmark and the tests.
+
+Every step is the command a user would type (``fairseq-preprocess``, ``fairseq-train``,
+``fairseq-generate``), with ``--user-dir`` pointing at this package; nothing here reimplements
+fairseq. Output of each command goes to a log file; a failing command raises with its tail.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+USER_DIR = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS_DIR = os.path.join(os.path.dirname(USER_DIR), "scripts")
+
+
+class CommandFailed(RuntimeError):
+    pass
+
+
+def executable(name: str) -> str:
+    """A console script of this environment (the venv's ``bin/``), else from ``PATH``."""
+    local = os.path.join(os.path.dirname(sys.executable), name)
+    found = local if os.path.exists(local) else shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} not found: run `make install` first")
+    return found
+
+
+def run(cmd: Sequence[str], log: str, stdin: Optional[str] = None, env: Optional[dict] = None) -> str:
+    """Run ``cmd``, writing stdout and stderr to ``log``; returns stdout."""
+    os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+    proc = subprocess.run(
+        list(cmd), input=stdin, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n" + proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise CommandFailed(f"{os.path.basename(cmd[0])} exited with {proc.returncode} (log: {log}):\n{tail}")
+    return proc.stdout
+
+
+def preprocess(prefixes: Dict[str, str], dest: str, src: str = "src", tgt: str = "tgt", log_dir: str = None) -> str:
+    cmd = [executable("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt]
+    for split in ("train", "valid", "test"):
+        if split in prefixes:
+            cmd += [f"--{split}pref", prefixes[split]]
+    cmd += ["--destdir", dest, "--joined-dictionary", "--workers", "1"]
+    run(cmd, os.path.join(log_dir or dest, "preprocess.log"))
+    return dest
+
+
+def train(data_bin: str, save_dir: str, flags: Sequence[str], log: Optional[str] = None) -> str:
+    cmd = [executable("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir, *flags]
+    return run(cmd, log or os.path.join(save_dir, "train.log"))
+
+
+def average_checkpoints(save_dir: str, num_epochs: int, output: str) -> str:
+    cmd = [sys.executable, os.path.join(SCRIPTS_DIR, "average_checkpoints.py"), "--inputs", save_dir,
+           "--num-epoch-checkpoints", str(num_epochs), "--output", output]
+    run(cmd, output + ".log")
+    return output
+
+
+@dataclass
+class Generation:
+    hypotheses: List[str]
+    references: List[str]
+    sources: List[str]
+
+
+_LINE = re.compile(r"^([STH])-(\d+)\t(.*)$")
+
+
+def parse_generate_output(text: str) -> Generation:
+    """Hypotheses, references and sources of ``fairseq-generate`` output, in corpus order."""
+    rows: Dict[str, Dict[int, str]] = {"S": {}, "T": {}, "H": {}}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m:
+            kind, idx, rest = m.group(1), int(m.group(2)), m.group(3)
+            if kind == "H":
+                rest = rest.split("\t", 1)[1]  # drop the score
+            rows[kind].setdefault(idx, rest)  # first (best) hypothesis only
+    ids = sorted(rows["H"])
+    return Generation([rows["H"][i] for i in ids], [rows["T"].get(i, "") for i in ids], [rows["S"][i] for i in ids])
+
+
+def generate(data_bin: str, checkpoint: str, subset: str = "test", beam: int = 4, lenpen: float = 0.6,
+             extra: Sequence[str] = (), log: Optional[str] = None) -> Generation:
+    cmd = [executable("fairseq-generate"), data_bin, "--user-dir", USER_DIR, "--path", checkpoint,
+           "--gen-subset", subset, "--beam", str(beam), "--lenpen", str(lenpen), "--batch-size", "64", *extra]
+    out = run(cmd, log or f"{checkpoint}.{subset}.generate.log")
+    return parse_generate_output(out)
+
+
+def sacrebleu_score(hypotheses: List[str], references: List[str]):
+    """SacreBLEU (default 13a tokenisation) with its signature."""
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU()
+    return metric.corpus_score(hypotheses, [references]), str(metric.get_signature())
+
+
+def toy_train_flags(position_encoding: str = "sinusoidal", max_update: int = 300, seed: int = 1,
+                    keep_last_epochs: int = 5) -> List[str]:
+    """A small model and schedule that learns the toy task on 2 CPU cores in about a minute."""
+    return [
+        "--arch", "transformer_posenc", "--position-encoding", position_encoding, "--cpu",
+        "--encoder-layers", "2", "--decoder-layers", "2",
+        "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
+        "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
+        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+        "--share-all-embeddings", "--dropout", "0.1",
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "2e-3",
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", "2000", "--max-update", str(max_update), "--seed", str(seed),
+        "--no-progress-bar", "--log-interval", "50", "--keep-last-epochs", str(keep_last_epochs),
+        "--num-workers", "0",
+    ]

@@ -1,0 +1,117 @@
+"""transformer_posenc with sinusoidal positions is fairseq's transformer, to float32 rounding."""
+import pytest
+import torch
+
+from toy import build_model, toy_batch
+
+
+def _pair(*flags, dropout="0.0"):
+    common = ("--dropout", dropout, *flags)
+    stock = build_model("transformer", *common)
+    ours = build_model("transformer_posenc", "--position-encoding", "sinusoidal", *common)
+    return stock, ours
+
+
+def test_same_parameters_as_stock_transformer_with_same_seed():
+    stock, ours = _pair()
+    stock_params, our_params = dict(stock.named_parameters()), dict(ours.named_parameters())
+    assert stock_params.keys() == our_params.keys()
+    for name, p in stock_params.items():
+        assert torch.equal(p, our_params[name]), name
+
+
+def test_state_dicts_are_interchangeable():
+    stock, ours = _pair()
+    ours.load_state_dict(stock.state_dict(), strict=True)
+    stock.load_state_dict(ours.state_dict(), strict=True)
+
+
+def test_training_forward_and_gradients_match_stock_with_dropout():
+    stock, ours = _pair(dropout="0.3")
+    src, lengths, prev = toy_batch(stock.encoder.dictionary, [9, 5, 7])
+    outputs = []
+    for model in (stock, ours):
+        model.train()
+        torch.manual_seed(123)  # the same dropout masks for both
+        logits, _ = model(src, lengths, prev)
+        logits.float().logsumexp(-1).sum().backward()
+        outputs.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+    (stock_logits, stock_grads), (our_logits, our_grads) = outputs
+    assert stock_logits.shape == our_logits.shape == (3, 7, len(stock.decoder.dictionary))
+    torch.testing.assert_close(our_logits, stock_logits, atol=1e-5, rtol=1e-5)
+    for name, grad in stock_grads.items():
+        torch.testing.assert_close(our_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _incremental_log_probs(model, src, lengths, prev):
+    model.eval()
+    encoder_out = model.encoder(src, lengths)
+    state = {}
+    steps = []
+    for t in range(prev.size(1)):
+        out, _ = model.decoder(prev[:, : t + 1], encoder_out, incremental_state=state)
+        steps.append(model.get_normalized_probs((out, None), log_probs=True))
+    return torch.cat(steps, dim=1)
+
+
+@torch.no_grad()
+def test_incremental_decoding_matches_stock():
+    stock, ours = _pair()
+    src, lengths, prev = toy_batch(stock.encoder.dictionary, [9, 5, 7])
+    expected = _incremental_log_probs(stock, src, lengths, prev)
+    actual = _incremental_log_probs(ours, src, lengths, prev)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    # and both equal one full forward of the same prefix
+    full = ours.get_normalized_probs(ours(src, lengths, prev), log_probs=True)
+    torch.testing.assert_close(actual, full, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_beam_search_matches_stock():
+    from fairseq.sequence_generator import SequenceGenerator
+
+    stock, ours = _pair()
+    dictionary = stock.decoder.dictionary
+    src, lengths, _ = toy_batch(dictionary, [9, 5, 7])
+    hyps = []
+    for model in (stock, ours):
+        model.eval()
+        generator = SequenceGenerator([model], dictionary, beam_size=4, max_len_b=10)
+        hyps.append(generator.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}}))
+    for stock_hyps, our_hyps in zip(*hyps):
+        assert len(stock_hyps) == len(our_hyps) == 4
+        for a, b in zip(stock_hyps, our_hyps):
+            assert torch.equal(a["tokens"], b["tokens"])
+            torch.testing.assert_close(b["score"], a["score"], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(b["positional_scores"], a["positional_scores"], atol=1e-5, rtol=1e-5)
+
+
+def test_learned_positions_match_stock_learned_pos():
+    stock = build_model("transformer", "--encoder-learned-pos", "--decoder-learned-pos")
+    ours = build_model("transformer_posenc", "--position-encoding", "learned")
+    for (name, p), (our_name, q) in zip(stock.named_parameters(), ours.named_parameters()):
+        assert name == our_name and torch.equal(p, q), name
+    assert ours.encoder.embed_positions.weight.shape == (64 + 2, 32)
+
+
+def test_fairseq_learned_pos_flag_conflicts_with_position_encoding():
+    with pytest.raises(ValueError, match="use --position-encoding learned"):
+        build_model("transformer_posenc", "--position-encoding", "sinusoidal", "--encoder-learned-pos")
+
+
+@pytest.mark.parametrize(
+    "arch, dim, ffn, heads, dropout",
+    [("transformer_posenc_wmt_en_de", 512, 2048, 8, 0.1), ("transformer_posenc_wmt_en_de_big", 1024, 4096, 16, 0.3)],
+)
+def test_named_architectures_have_vaswani_sizes(arch, dim, ffn, heads, dropout):
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+    import argparse
+
+    args = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](args)
+    assert (args.encoder_embed_dim, args.decoder_embed_dim) == (dim, dim)
+    assert (args.encoder_ffn_embed_dim, args.decoder_ffn_embed_dim) == (ffn, ffn)
+    assert (args.encoder_attention_heads, args.decoder_attention_heads) == (heads, heads)
+    assert (args.encoder_layers, args.decoder_layers) == (6, 6)
+    assert args.dropout == dropout
+    assert args.position_encoding == "sinusoidal"

@@ -1,0 +1,63 @@
+"""Small in-memory models and batches for the tests: no data on disk, no downloads."""
+import argparse
+
+import torch
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+import fairseq_posenc  # noqa: F401  (registers the plugin)
+
+TINY = [
+    "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+]
+
+
+class ToyTask:
+    def __init__(self, vocab_size=30):
+        self.source_dictionary = self.target_dictionary = toy_dictionary(vocab_size)
+
+
+def toy_dictionary(vocab_size=30):
+    d = Dictionary()
+    for i in range(vocab_size):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def model_args(arch, *flags, max_positions=64):
+    # as fairseq: unset model flags are absent, so architectures can fill in their defaults
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    ARCH_MODEL_REGISTRY[arch].add_args(parser)
+    args = parser.parse_args([*TINY, *flags])
+    args.arch = arch
+    args.max_source_positions = args.max_target_positions = max_positions
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return args
+
+
+def build_model(arch, *flags, seed=1, task=None, max_positions=64):
+    task = task or ToyTask()
+    torch.manual_seed(seed)
+    args = model_args(arch, *flags, max_positions=max_positions)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+
+
+def toy_batch(dictionary, lengths, tgt_len=7, seed=0, left_pad_source=True):
+    """Source (left-padded, as fairseq's translation task) and target-side inputs."""
+    g = torch.Generator().manual_seed(seed)
+    bsz, src_len = len(lengths), max(lengths)
+    low, high = dictionary.nspecial, len(dictionary)
+    src = torch.full((bsz, src_len), dictionary.pad())
+    for b, n in enumerate(lengths):
+        tokens = torch.randint(low, high, (n,), generator=g)
+        tokens[-1] = dictionary.eos()
+        if left_pad_source:
+            src[b, src_len - n:] = tokens
+        else:
+            src[b, :n] = tokens
+    prev = torch.randint(low, high, (bsz, tgt_len), generator=g)
+    prev[:, 0] = dictionary.eos()
+    return src, torch.tensor(lengths), prev
