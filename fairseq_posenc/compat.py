@@ -6,6 +6,7 @@ touches a checkpoint. Each fix has a test in ``tests/test_compat.py`` that fails
 import argparse
 import builtins
 import collections
+import functools
 import typing
 
 import numpy as np
@@ -50,10 +51,37 @@ def allow_fairseq_checkpoints():
     torch.serialization.add_safe_globals(_checkpoint_globals())
 
 
+def keep_last_batch():
+    """fairseq drops the last batch of an epoch when its size is not a multiple of
+    ``--required-batch-size-multiple`` (default 8): ``fairseq-generate`` silently translates
+    fewer sentences than the test set holds, and BLEU is computed on what is left (fairseq
+    issue #5036). Batches are consecutive slices of ``indices``, so the dropped one is the tail.
+    """
+    from fairseq.data import data_utils
+
+    original = data_utils.batch_by_size
+    if getattr(original, "keeps_last_batch", False):
+        return
+
+    @functools.wraps(original)
+    def batch_by_size(indices, *args, **kwargs):
+        if not isinstance(indices, np.ndarray):
+            indices = np.fromiter(indices, dtype=np.int64, count=-1)
+        batches = original(indices, *args, **kwargs)
+        covered = sum(len(b) for b in batches)
+        if covered < len(indices):
+            batches = list(batches) + [indices[covered:]]
+        return batches
+
+    batch_by_size.keeps_last_batch = True
+    data_utils.batch_by_size = batch_by_size
+
+
 def apply():
     """Apply every fix; safe to call more than once."""
     global _applied
     if _applied:
         return
     allow_fairseq_checkpoints()
+    keep_last_batch()
     _applied = True

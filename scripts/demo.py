@@ -8,6 +8,7 @@ report BLEU on sentences as long as the training ones and on longer ones.
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -29,6 +30,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     out = os.path.abspath(args.out)
+    for stale in ("bin", "checkpoints"):  # a re-run starts over rather than resuming old runs
+        shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
     splits = {
         "train": (args.train_size, 3, args.train_max_len),
         "valid": (200, 3, args.train_max_len),

@@ -55,3 +55,34 @@ def test_compat_keeps_refusing_other_classes(tmp_path, without_allow_list):
     torch.save({"payload": _Untrusted()}, tmp_path / "evil.pt")
     with pytest.raises(Exception, match="Unsupported global"):
         torch.load(tmp_path / "evil.pt", map_location="cpu")
+
+
+def _batches(batch_by_size):
+    # 20 sentences of growing length, at most 64 per batch, batch sizes a multiple of 8
+    indices = np.arange(20, dtype=np.int64)
+    return batch_by_size(indices, None, num_tokens_vec=np.arange(5, 25, dtype=np.int64),
+                         max_sentences=64, required_batch_size_multiple=8)
+
+
+def test_fairseq_drops_the_last_short_batch_without_compat():
+    from fairseq.data import data_utils
+
+    original = data_utils.batch_by_size.__wrapped__  # fairseq's own function
+    assert sum(len(b) for b in _batches(original)) == 16  # 4 sentences silently lost
+
+
+def test_compat_keeps_every_sentence_in_order():
+    from fairseq.data import data_utils
+
+    batches = _batches(data_utils.batch_by_size)
+    assert [len(b) for b in batches] == [16, 4]
+    assert np.concatenate(batches).tolist() == list(range(20))
+
+
+def test_compat_leaves_complete_batching_alone():
+    from fairseq.data import data_utils
+
+    indices = np.arange(24, dtype=np.int64)
+    batches = data_utils.batch_by_size(indices, None, num_tokens_vec=np.full(24, 5, dtype=np.int64),
+                                       max_sentences=8, required_batch_size_multiple=8)
+    assert [len(b) for b in batches] == [8, 8, 8]

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from toy import build_model, toy_batch
+from toy import build_model, full_log_probs, incremental_log_probs, toy_batch
 
 
 def _pair(*flags, dropout="0.0"):
@@ -43,27 +43,16 @@ def test_training_forward_and_gradients_match_stock_with_dropout():
         torch.testing.assert_close(our_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def _incremental_log_probs(model, src, lengths, prev):
-    model.eval()
-    encoder_out = model.encoder(src, lengths)
-    state = {}
-    steps = []
-    for t in range(prev.size(1)):
-        out, _ = model.decoder(prev[:, : t + 1], encoder_out, incremental_state=state)
-        steps.append(model.get_normalized_probs((out, None), log_probs=True))
-    return torch.cat(steps, dim=1)
-
-
 @torch.no_grad()
 def test_incremental_decoding_matches_stock():
     stock, ours = _pair()
     src, lengths, prev = toy_batch(stock.encoder.dictionary, [9, 5, 7])
-    expected = _incremental_log_probs(stock, src, lengths, prev)
-    actual = _incremental_log_probs(ours, src, lengths, prev)
+    stock.eval(), ours.eval()
+    expected = incremental_log_probs(stock, src, lengths, prev)
+    actual = incremental_log_probs(ours, src, lengths, prev)
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     # and both equal one full forward of the same prefix
-    full = ours.get_normalized_probs(ours(src, lengths, prev), log_probs=True)
-    torch.testing.assert_close(actual, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(actual, full_log_probs(ours, src, lengths, prev), atol=1e-5, rtol=1e-5)
 
 
 @torch.no_grad()

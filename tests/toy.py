@@ -61,3 +61,28 @@ def toy_batch(dictionary, lengths, tgt_len=7, seed=0, left_pad_source=True):
     prev = torch.randint(low, high, (bsz, tgt_len), generator=g)
     prev[:, 0] = dictionary.eos()
     return src, torch.tensor(lengths), prev
+
+
+def with_strong_positions(model, std=0.5):
+    """Scale up the position parameters so that the tests see their effect (their
+    initialisation is deliberately small), then put the model in eval mode."""
+    g = torch.Generator().manual_seed(7)
+    for stack in (model.encoder, model.decoder):
+        for p in stack.position_encoding.parameters():
+            p.data.copy_(torch.randn(p.shape, generator=g) * std)
+    return model.eval()
+
+
+def incremental_log_probs(model, src, lengths, prev):
+    """Decode ``prev`` step by step with fairseq's incremental state: (B, T, V) log-probs."""
+    encoder_out = model.encoder(src, lengths)
+    state = {}
+    steps = []
+    for t in range(prev.size(1)):
+        out, _ = model.decoder(prev[:, : t + 1], encoder_out, incremental_state=state)
+        steps.append(model.get_normalized_probs((out, None), log_probs=True))
+    return torch.cat(steps, dim=1)
+
+
+def full_log_probs(model, src, lengths, prev):
+    return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)

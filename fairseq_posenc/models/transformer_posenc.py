@@ -12,8 +12,8 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
 )
 
-from ..positions import get_position_encoding
-from .config import PosencConfig
+from ..positions import POSITION_ENCODINGS, get_position_encoding
+from .config import ALL_CONFIGS, set_defaults
 from .transformer_stacks import PosencTransformerDecoder, PosencTransformerEncoder
 
 
@@ -22,7 +22,8 @@ class PosencTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        gen_parser_from_dataclass(parser, PosencConfig(), delete_default=True, with_prefix="")
+        for config in ALL_CONFIGS:
+            gen_parser_from_dataclass(parser, config(), delete_default=True, with_prefix="")
 
     @classmethod
     def build_model(cls, args, task):
@@ -36,7 +37,7 @@ class PosencTransformerModel(TransformerModel):
                 "use --position-encoding learned instead of --encoder-learned-pos/--decoder-learned-pos"
             )
         args.encoder_learned_pos = args.decoder_learned_pos = learned
-        if scheme.input_embedding is None:
+        if scheme.input_embedding is None and not args.keep_input_positions:
             args.no_token_positional_embeddings = True
         return super().build_model(args, task)
 
@@ -54,14 +55,9 @@ class PosencTransformerModel(TransformerModel):
         )
 
 
-def posenc_defaults(args):
-    args.position_encoding = getattr(args, "position_encoding", "sinusoidal")
-    args.attention_head_dim = getattr(args, "attention_head_dim", None)
-
-
 @register_model_architecture("transformer_posenc", "transformer_posenc")
 def posenc_base_architecture(args):
-    posenc_defaults(args)
+    set_defaults(args)
     base_architecture(args)
 
 
@@ -72,5 +68,23 @@ def transformer_posenc_wmt_en_de(args):
 
 @register_model_architecture("transformer_posenc", "transformer_posenc_wmt_en_de_big")
 def transformer_posenc_wmt_en_de_big(args):
-    posenc_defaults(args)
+    set_defaults(args)
     transformer_vaswani_wmt_en_de_big(args)
+
+
+def _with_encoding(name, architecture):
+    def arch(args):
+        args.position_encoding = getattr(args, "position_encoding", name)
+        architecture(args)
+
+    return arch
+
+
+# transformer_E_wmt_en_de and transformer_E_wmt_en_de_big for every registered encoding E
+for _name in POSITION_ENCODINGS:
+    register_model_architecture("transformer_posenc", f"transformer_{_name}_wmt_en_de")(
+        _with_encoding(_name, transformer_posenc_wmt_en_de)
+    )
+    register_model_architecture("transformer_posenc", f"transformer_{_name}_wmt_en_de_big")(
+        _with_encoding(_name, transformer_posenc_wmt_en_de_big)
+    )

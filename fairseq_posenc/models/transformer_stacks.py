@@ -1,14 +1,16 @@
 """Encoder and decoder stacks: fairseq's, with the plugin's layers and position encoding.
 
-Each stack owns its :class:`~fairseq_posenc.positions.PositionEncoding`, so that tables shared
-by its layers live in one place (fairseq keeps the input embedding in ``embed_positions``).
+Each stack owns its :class:`~fairseq_posenc.positions.PositionEncoding` and hands it to every
+attention layer, so that tables shared by the layers are built once per forward in one place.
 """
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
+from fairseq.modules import LearnedPositionalEmbedding
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-from ..modules import PosencDecoderLayer, PosencEncoderLayer
+from ..modules import PosencDecoderLayer, PosencEncoderLayer, PositionalAttention
 from ..positions import get_position_encoding
+from ..positions.segments import SegmentBias
 
 
 def _wrap_layer(layer, cfg):
@@ -19,25 +21,69 @@ def _wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
+def _head_dim(cfg, layers_cfg):
+    return getattr(cfg, "attention_head_dim", None) or layers_cfg.embed_dim // layers_cfg.attention_heads
+
+
 def _build_position_encoding(cfg, side, layers_cfg):
-    heads = layers_cfg.attention_heads
-    head_dim = getattr(cfg, "attention_head_dim", None) or layers_cfg.embed_dim // heads
-    return get_position_encoding(cfg.position_encoding)(cfg, side, layers_cfg.layers, heads, head_dim)
+    scheme = get_position_encoding(cfg.position_encoding)
+    return scheme(cfg, side, layers_cfg.layers, layers_cfg.attention_heads, _head_dim(cfg, layers_cfg))
+
+
+def _attach(layers, terms, cross_terms=()):
+    for idx, layer in enumerate(layers):
+        for module in layer.modules():
+            if isinstance(module, PositionalAttention):
+                module.attach(terms if module.self_attention else cross_terms, idx)
+
+
+def _check_learned_length(embed_positions, length: int, flag: str, side: str):
+    if isinstance(embed_positions, LearnedPositionalEmbedding) and length > embed_positions.max_positions:
+        raise ValueError(
+            f"{side} input of length {length} exceeds the {embed_positions.max_positions} positions "
+            f"the learned position embedding was built with ({flag}); it cannot extrapolate past them"
+        )
 
 
 class PosencTransformerEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
         self.position_encoding = _build_position_encoding(cfg, "encoder", cfg.encoder)
+        terms = [self.position_encoding]
+        if getattr(cfg, "segment_attention", False):
+            separator = dictionary.index(cfg.segment_separator)
+            if separator == dictionary.unk():
+                raise ValueError(
+                    f"--segment-separator {cfg.segment_separator!r} is not in the source dictionary; "
+                    "it must be a token of the preprocessed data"
+                )
+            self.segment_bias = SegmentBias(
+                cfg, cfg.encoder.layers, cfg.encoder.attention_heads, _head_dim(cfg, cfg.encoder), separator
+            )
+            terms.append(self.segment_bias)
+        self.position_terms = tuple(terms)
+        _attach(self.layers, self.position_terms)
 
     def build_encoder_layer(self, cfg):
         return _wrap_layer(PosencEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
+        _check_learned_length(self.embed_positions, src_tokens.size(1), "--max-source-positions", "encoder")
+        for term in self.position_terms:
+            term.begin_forward(src_tokens)
+        return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
 
 
 class PosencTransformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.position_encoding = _build_position_encoding(cfg, "decoder", cfg.decoder)
+        _attach(self.layers, (self.position_encoding,), (self.position_encoding,))
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap_layer(PosencDecoderLayer(cfg, no_encoder_attn), cfg)
+
+    def extract_features(self, prev_output_tokens, encoder_out, incremental_state=None, **kwargs):
+        _check_learned_length(self.embed_positions, prev_output_tokens.size(1), "--max-target-positions", "decoder")
+        self.position_encoding.begin_forward(prev_output_tokens)
+        return super().extract_features(prev_output_tokens, encoder_out, incremental_state, **kwargs)

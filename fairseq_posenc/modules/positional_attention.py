@@ -1,11 +1,15 @@
-"""The one attention module of ``transformer_posenc``.
+"""The one attention module of ``transformer_posenc``, for every block and every encoding.
 
 It subclasses fairseq's :class:`MultiheadAttention` to keep its contract and its machinery
 (parameter names and initialisation, the incremental-state buffer, ``reorder_incremental_state``
 and the beamable encoder-decoder cache) but runs its own forward: fairseq's forward hands most
 calls to ``F.multi_head_attention_forward``, which leaves no place for a position term.
 Attention runs through ``F.scaled_dot_product_attention`` unless the caller asks for the
-attention weights.
+attention weights or a scheme needs the probabilities (Shaw's value term).
+
+What a position scheme contributes comes through the hooks of
+:class:`~fairseq_posenc.positions.PositionEncoding`; the stack that owns the schemes attaches
+them to its layers (:meth:`PositionalAttention.attach`).
 """
 import math
 from typing import Dict, Optional, Tuple
@@ -17,6 +21,8 @@ from fairseq import utils
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor
+
+from ..positions.base import AttentionPositions
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -75,6 +81,16 @@ class PositionalAttention(MultiheadAttention):
             self.reset_parameters()
         self.scaling = self.head_dim**-0.5
         self.inner_dim = num_heads * self.head_dim
+        self.layer_idx = 0
+        # The schemes belong to the stack: a plain tuple keeps them out of this module's
+        # parameters and state dict.
+        self.position_terms: Tuple = ()
+
+    def attach(self, terms, layer_idx: int):
+        """Use the position ``terms`` (PositionEncoding modules of the owning stack) as layer
+        ``layer_idx``."""
+        self.position_terms = tuple(terms)
+        self.layer_idx = layer_idx
 
     def _split_heads(self, x: Tensor) -> Tensor:
         # (T, B, H * D) -> (B, H, T, D)
@@ -122,6 +138,13 @@ class PositionalAttention(MultiheadAttention):
                     key_padding_mask = key_padding_mask[:: self.beam_size]
             k, v = self._split_heads(self.k_proj(key)), self._split_heads(self.v_proj(value))
 
+        role = "self" if self.self_attention else "cross"
+        pos = None
+        if self.position_terms:
+            pos = self._positions(q.size(2), k.size(2) if k is not None else 0, key_padding_mask, saved_state)
+            for term in self.position_terms:
+                q, k, v = term.transform_qkv(self.layer_idx, role, q, k, v, pos)
+
         if saved_state is not None:
             k, v, key_padding_mask = self._update_cache(
                 incremental_state, saved_state, k, v, key_padding_mask, static_kv
@@ -130,6 +153,14 @@ class PositionalAttention(MultiheadAttention):
         kv_bsz, src_len = k.size(0), k.size(2)
 
         mask = self._additive_mask(attn_mask, key_padding_mask, q.dtype, src_len)
+        value_terms = ()
+        if role == "self":
+            for term in self.position_terms:
+                bias = term.attention_bias(self.layer_idx, q, pos)
+                if bias is not None:
+                    bias = bias.to(q.dtype)
+                    mask = bias if mask is None else mask + bias
+            value_terms = tuple(t for t in self.position_terms if t.needs_attention_weights)
 
         # Beamable encoder-decoder attention: fold the beams into the query length so that
         # (B * beam) queries meet B keys without copying the keys.
@@ -141,12 +172,15 @@ class PositionalAttention(MultiheadAttention):
                 mask = mask.repeat(1, 1, beams, 1)
 
         weights = None
-        if need_weights:
+        if need_weights or value_terms:
             logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
             if mask is not None:
                 logits = logits + mask
             weights = utils.softmax(logits, dim=-1)  # float32, as fairseq
-            out = torch.matmul(self.dropout_module(weights.type_as(logits)), v)
+            probs = self.dropout_module(weights.type_as(logits))
+            out = torch.matmul(probs, v)
+            for term in value_terms:
+                out = out + term.value_term(self.layer_idx, probs, pos)
         else:
             out = F.scaled_dot_product_attention(
                 q,
@@ -167,11 +201,25 @@ class PositionalAttention(MultiheadAttention):
         # (B, H, T, D) -> (T, B, H * D)
         out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.inner_dim))
 
-        if weights is not None:
+        if not need_weights:
+            weights = None
+        elif weights is not None:
             weights = weights.transpose(0, 1)  # (H, B, T, S)
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
+
+    def _positions(self, tgt_len: int, new_keys: int, key_padding_mask: Optional[Tensor],
+                   saved_state: Optional[Dict[str, Optional[Tensor]]]) -> AttentionPositions:
+        """Positions of this call. Self-attention: the queries are the newest of the keys (the
+        decoder's cache holds the earlier ones). Cross-attention: the encoder's tokens."""
+        if self.self_attention:
+            cached = saved_state["prev_key"].size(2) if saved_state and "prev_key" in saved_state else 0
+            src_len = cached + tgt_len
+            mask = key_padding_mask if key_padding_mask is not None and key_padding_mask.size(1) == src_len else None
+            return AttentionPositions.build(tgt_len, src_len, mask, self.q_proj.weight.device)
+        return AttentionPositions.build(new_keys, new_keys, key_padding_mask if new_keys else None,
+                                        self.q_proj.weight.device)
 
     def _update_cache(
         self,

@@ -1,15 +1,30 @@
 """The registry of position encodings: one file per scheme, one line here per scheme.
 
 ``--position-encoding NAME`` picks ``POSITION_ENCODINGS[NAME]``; the model, its stacks and its
-attention layers only ever talk to the :class:`PositionEncoding` interface.
+attention layers only ever talk to the :class:`PositionEncoding` interface, and each scheme's
+flags come from its own ``config`` dataclass.
 """
-from .base import PositionEncoding
+from .alibi import ALiBi
+from .base import AttentionPositions, PositionEncoding
+from .diet_abs import DietAbs
+from .diet_rel import DietRel
 from .learned import LearnedPositionEncoding
+from .none import NoPositionEncoding
+from .rope import RotaryPositionEncoding
+from .shaw import ShawRelative
 from .sinusoidal import SinusoidalPositionEncoding
+from .t5 import T5Bias
 
 POSITION_ENCODINGS = {
     "sinusoidal": SinusoidalPositionEncoding,
     "learned": LearnedPositionEncoding,
+    "none": NoPositionEncoding,
+    "diet_abs": DietAbs,
+    "diet_rel": DietRel,
+    "shaw": ShawRelative,
+    "t5": T5Bias,
+    "rope": RotaryPositionEncoding,
+    "alibi": ALiBi,
 }
 
 
@@ -22,4 +37,4 @@ def get_position_encoding(name: str) -> type:
         ) from None
 
 
-__all__ = ["POSITION_ENCODINGS", "PositionEncoding", "get_position_encoding"]
+__all__ = ["POSITION_ENCODINGS", "AttentionPositions", "PositionEncoding", "get_position_encoding"]

@@ -1,29 +1,164 @@
-"""The interface every position encoding implements.
+"""The interface every position encoding implements, and what attention tells it.
 
-A scheme is a small module owned by one Transformer stack (the encoder or the decoder). It can
-keep fairseq's own input position embedding (``input_embedding``), and it tells the model how
-far it can go (``max_positions``: ``None`` means it extrapolates to any length).
+A scheme is a small module owned by one Transformer stack (encoder or decoder). It may
+
+- keep fairseq's own input position embedding (``input_embedding``),
+- change the new queries, keys and values of an attention call before they are cached
+  (``transform_qkv``: rotary embeddings, FLOATER's projection biases),
+- add a per-head bias to the self-attention logits (``attention_bias``: DIET, T5, ALiBi, Shaw's
+  key term),
+- add a term computed from the attention probabilities to the output (``value_term``: Shaw).
+
+The stack calls ``begin_forward`` once per forward (each decoding step is a forward) and hands
+the scheme to every attention layer; the layers call the hooks with their index and an
+:class:`AttentionPositions`. Tables that do not depend on the input are built once per forward
+for all layers that share them (``shared``), and kept across forwards while no gradient is
+recorded and the parameters have not changed (``table``), which is what decoding needs.
 """
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, Hashable, Optional, Tuple
 
+import torch
 import torch.nn as nn
+from torch import Tensor
+
+#: positions a table covers at least when it is kept for decoding
+MIN_TABLE = 64
+
+
+@dataclass
+class AttentionPositions:
+    """Where the queries and keys of one attention call sit.
+
+    ``q`` (B or 1, T) and ``k`` (B or 1, S) count real tokens from 0 in each sentence: fairseq
+    left-pads sources, so in a padded batch these differ from the column index (pads get 0).
+    ``q_frame`` (T,) and ``k_frame`` (S,) are column indices in the padded frame, including the
+    decoding-step offset. Left padding shifts a sentence's queries and keys alike, so relative
+    schemes use the frame and stay independent of the batch. ``padded`` is False when ``q`` and
+    ``k`` equal the frame.
+    """
+
+    q: Tensor
+    k: Tensor
+    q_frame: Tensor
+    k_frame: Tensor
+    padded: bool
+
+    @staticmethod
+    def build(tgt_len: int, src_len: int, key_padding_mask: Optional[Tensor], device) -> "AttentionPositions":
+        """Queries are the last ``tgt_len`` of the ``src_len`` keys (self-attention)."""
+        k_frame = torch.arange(src_len, device=device)
+        q_frame = k_frame[src_len - tgt_len:]
+        padded = key_padding_mask is not None and bool(key_padding_mask[:, 0].any())
+        if padded:
+            k = (~key_padding_mask.to(torch.bool)).long().cumsum(-1).sub_(1).clamp_(min=0)
+            return AttentionPositions(k[:, src_len - tgt_len:], k, q_frame, k_frame, True)
+        return AttentionPositions(q_frame[None], k_frame[None], q_frame, k_frame, False)
+
+    @property
+    def key(self) -> Tuple[int, int, int]:
+        """Identifies the frame within one forward: (offset, T, S)."""
+        return int(self.k_frame.numel() - self.q_frame.numel()), self.q_frame.numel(), self.k_frame.numel()
+
+
+def gather_square(table: Tensor, pos: AttentionPositions) -> Tensor:
+    """Per-head bias over absolute positions: ``table`` (H, L, L) -> (B or 1, H, T, S)."""
+    if not pos.padded:
+        start, t, s = pos.key
+        return table[:, start:start + t, :s].unsqueeze(0)
+    # (H, B, T, S) -> (B, H, T, S)
+    return table[:, pos.q[:, :, None], pos.k[:, None, :]].transpose(0, 1)
 
 
 class PositionEncoding(nn.Module):
-    #: fairseq input embedding to add to the token embeddings: "sinusoidal", "learned" or None
+    #: fairseq input embedding added to the token embeddings: "sinusoidal", "learned" or None
     input_embedding: Optional[str] = None
-    #: True where the scheme has a hard length limit fixed when the model is built
-    length_limited: bool = False
+    #: False where the scheme has a table fixed in size when the model is built
+    extrapolates: bool = True
+    #: True where ``value_term`` needs the attention probabilities (no fused attention kernel)
+    needs_attention_weights: bool = False
+    #: the dataclass holding the scheme's own flags (None: no flags)
+    config = None
 
     def __init__(self, cfg, side: str, num_layers: int, num_heads: int, head_dim: int):
         super().__init__()
         if side not in ("encoder", "decoder"):
             raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
         self.side = side
+        self.causal = side == "decoder"
         self.num_layers = num_layers
         self.num_heads = num_heads
         self.head_dim = head_dim
+        self._forward_cache: Dict[Hashable, Tensor] = {}
+        self._tables: Dict[Hashable, Tuple[Tuple, Tensor, int]] = {}
 
-    @classmethod
-    def add_args(cls, parser):
-        """Add the scheme's own flags (none by default)."""
+    # hooks; the defaults do nothing
+    def begin_forward(self, tokens: Tensor):
+        """Called by the stack with its input tokens (B, T) before its layers run."""
+        self._forward_cache.clear()
+
+    def transform_qkv(self, layer: int, role: str, q: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                      pos: AttentionPositions):
+        """New queries (B, H, T, D) and keys/values (B, H, T_new, D) before they are cached.
+        ``role`` is "self" or "cross"; ``k``/``v`` are None when cross-attention reuses its cache."""
+        return q, k, v
+
+    def attention_bias(self, layer: int, q: Tensor, pos: AttentionPositions) -> Optional[Tensor]:
+        """Additive bias (B or 1, H, T, S) on the scaled self-attention logits, or None."""
+        return None
+
+    def value_term(self, layer: int, probs: Tensor, pos: AttentionPositions) -> Optional[Tensor]:
+        """A term added to the self-attention output (B, H, T, D), from probabilities (B, H, T, S)."""
+        return None
+
+    # caching
+    def _parameter_versions(self) -> Tuple:
+        return tuple((p._version, p.device, p.dtype) for p in self.parameters())
+
+    def shared(self, key: Hashable, compute: Callable[[], Tensor]) -> Tensor:
+        """``compute()`` once per forward for every layer asking with the same ``key``."""
+        key = (key, self._parameter_versions(), torch.is_grad_enabled())
+        if key not in self._forward_cache:
+            self._forward_cache[key] = compute()
+        return self._forward_cache[key]
+
+    def table(self, name: Hashable, length: int, compute: Callable[[int], Tensor],
+              max_length: Optional[int] = None) -> Tensor:
+        """A table over ``length`` (or more, up to ``max_length``) positions from ``compute(n)``.
+
+        Recomputed for each forward while gradients are recorded (training); otherwise kept and
+        grown by doubling, so that decoding step by step builds it a few times, not every step.
+        """
+        if torch.is_grad_enabled():
+            return self.shared(("table", name, length), lambda: compute(length))
+        version = self._parameter_versions()
+        cached = self._tables.get(name)
+        if cached is None or cached[0] != version or cached[2] < length:
+            grown = 2 * cached[2] if cached is not None and cached[0] == version else MIN_TABLE
+            size = max(length, grown)
+            size = min(size, max_length) if max_length else size
+            cached = (version, compute(size), size)
+            self._tables[name] = cached
+        return cached[1]
+
+    def relative_bias(self, name: Hashable, pos: AttentionPositions,
+                      per_offset: Callable[[Tensor], Tensor]) -> Tensor:
+        """(1, H, T, S) bias from ``per_offset(offsets) -> (H, len(offsets))``, where an offset
+        is key position minus query position (T5's convention), built once per forward."""
+        device = pos.k_frame.device
+
+        def build():
+            table = self.table(name, pos.k_frame.numel(),
+                               lambda n: per_offset(torch.arange(-(n - 1), n, device=device)))
+            centre = (table.size(1) - 1) // 2
+            # (T, S) offsets -> (H, T, S)
+            return table[:, pos.k_frame[None, :] - pos.q_frame[:, None] + centre].unsqueeze(0)
+
+        return self.shared((name,) + pos.key, build)
+
+    def check_length(self, length: int, limit: int, flag: str):
+        if length > limit:
+            raise ValueError(
+                f"{self.side} input of length {length} exceeds the {limit} positions this "
+                f"{type(self).__name__} was built with ({flag}); it cannot extrapolate past them"
+            )

@@ -1,0 +1,52 @@
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from .base import PositionEncoding, gather_square
+from .sharing import SharingConfig, resolve_sharing
+
+
+@dataclass
+class DietAbsConfig(SharingConfig):
+    diet_rank: Optional[int] = field(
+        default=None, metadata={"help": "diet_abs: rank k of P_Q P_K^T per head (DIET-ABS-Rank-k); default head dim"}
+    )
+
+
+class DietAbs(PositionEncoding):
+    """DIET-ABS (Chen et al., 2021): a learned low-rank bias P_Q P_K^T over absolute positions,
+    added to each head's logits. Its tables end at --max-source/target-positions."""
+
+    config = DietAbsConfig
+    extrapolates = False
+
+    def __init__(self, cfg, side, num_layers, num_heads, head_dim):
+        super().__init__(cfg, side, num_layers, num_heads, head_dim)
+        self.sharing, groups, heads = resolve_sharing(cfg, "layers", num_layers, num_heads)
+        self.rank = cfg.diet_rank or head_dim
+        if self.rank <= 0:
+            raise ValueError(f"--diet-rank must be positive, got {self.rank}")
+        self.max_positions = cfg.max_source_positions if side == "encoder" else cfg.max_target_positions
+        self.flag = "--max-source-positions" if side == "encoder" else "--max-target-positions"
+        # (groups, positions, heads, rank)
+        self.p_q = nn.Parameter(torch.empty(groups, self.max_positions, heads, self.rank))
+        self.p_k = nn.Parameter(torch.empty(groups, self.max_positions, heads, self.rank))
+        nn.init.normal_(self.p_q, std=self.rank**-0.5)
+        nn.init.normal_(self.p_k, std=0.02)
+
+    def attention_bias(self, layer, q, pos):
+        length = pos.k_frame.numel()
+        self.check_length(length, self.max_positions, self.flag)
+        group = 0 if self.sharing == "layers" else layer
+
+        def square(n):
+            # (n, H', r) x (n, H', r) -> (H, n, n)
+            table = torch.einsum("qhr,khr->hqk", self.p_q[group, :n], self.p_k[group, :n])
+            return table.expand(self.num_heads, n, n)
+
+        def build():
+            return gather_square(self.table(("diet_abs", group), length, square, self.max_positions), pos)
+
+        return self.shared(("diet_abs", group, pos.padded) + pos.key, build)

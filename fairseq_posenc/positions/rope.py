@@ -1,0 +1,57 @@
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .base import PositionEncoding
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_angles(positions: Tensor, dim: int, theta: float = 10000.0) -> Tensor:
+    """Angles (len(positions), dim): position * theta^(-2i/dim), the halves repeated so that
+    ``x * cos + rotate_half(x) * sin`` rotates the pairs (x_i, x_{i + dim/2})."""
+    inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return torch.cat((angles, angles), dim=-1)
+
+
+def _cos_sin(angles: Tensor):
+    return angles.cos(), angles.sin()
+
+
+@dataclass
+class RopeConfig:
+    rope_theta: float = field(default=10000.0, metadata={"help": "rope: base of the rotation frequencies"})
+
+
+class RotaryPositionEncoding(PositionEncoding):
+    """RoPE (Su et al., 2021): rotate each query and key by angles proportional to its
+    position, so that q_i . k_j depends on i - j. Self-attention only."""
+
+    config = RopeConfig
+
+    def __init__(self, cfg, side, num_layers, num_heads, head_dim):
+        super().__init__(cfg, side, num_layers, num_heads, head_dim)
+        if head_dim % 2:
+            raise ValueError(f"rope needs an even head size, got {head_dim}; set --attention-head-dim")
+        self.theta = cfg.rope_theta
+
+    def transform_qkv(self, layer, role, q, k, v, pos):
+        if role != "self":
+            return q, k, v
+
+        # (2, n, D) cos and sin, in float32 whatever the model's dtype
+        table = self.table("rope", pos.k_frame.numel(), lambda n: torch.stack(_cos_sin(
+            rope_angles(torch.arange(n, device=q.device), self.head_dim, self.theta))))
+        # the new tokens are the queries: (B or 1, T, D) -> (B or 1, 1, T, D)
+        cos, sin = table[:, pos.q].unsqueeze(2).unbind(0)
+
+        def rotate(x):
+            return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
+
+        return rotate(q), rotate(k), v

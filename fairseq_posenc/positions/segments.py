@@ -1,0 +1,39 @@
+"""DIET's segment attention: one learned scalar per (query segment, key segment) pair per head.
+
+Not a position encoding of its own: ``--segment-attention`` adds it to the encoder's
+self-attention next to whichever ``--position-encoding`` is chosen. Segments are delimited by a
+separator token in the source; the separator closes the segment it ends.
+"""
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from .base import PositionEncoding
+
+
+def segment_ids(tokens: Tensor, separator: int, max_segments: int) -> Tensor:
+    """(B, T) segment index of each token: the number of separators before it, capped at
+    ``max_segments - 1`` (later segments share the last one)."""
+    is_sep = tokens.eq(separator).long()
+    return (is_sep.cumsum(-1) - is_sep).clamp_(max=max_segments - 1)
+
+
+class SegmentBias(PositionEncoding):
+    def __init__(self, cfg, num_layers, num_heads, head_dim, separator_index: int):
+        super().__init__(cfg, "encoder", num_layers, num_heads, head_dim)
+        if cfg.max_segments < 1:
+            raise ValueError(f"--max-segments must be positive, got {cfg.max_segments}")
+        self.separator = separator_index
+        self.max_segments = cfg.max_segments
+        # (layers, heads, query segment, key segment)
+        self.weight = nn.Parameter(torch.zeros(num_layers, num_heads, cfg.max_segments, cfg.max_segments))
+        self._segments = None
+
+    def begin_forward(self, tokens):
+        super().begin_forward(tokens)
+        self._segments = segment_ids(tokens, self.separator, self.max_segments)
+
+    def attention_bias(self, layer, q, pos):
+        seg = self._segments
+        # (H, B, T, S) -> (B, H, T, S)
+        return self.weight[layer][:, seg[:, :, None], seg[:, None, :]].transpose(0, 1)

@@ -1,0 +1,26 @@
+"""``--position-sharing``: which attention heads and layers share one set of position parameters."""
+from dataclasses import dataclass, field
+from typing import Optional
+
+SHARING_CHOICES = ("none", "layers", "heads")
+
+
+@dataclass
+class SharingConfig:
+    position_sharing: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "share DIET position parameters across 'layers' (each head its own), across "
+            "'heads' (each layer its own) or 'none'. Default: layers for diet_abs, none for diet_rel"
+        },
+    )
+
+
+def resolve_sharing(cfg, default: str, num_layers: int, num_heads: int):
+    """(sharing, parameter groups, heads per group) for the flag, or the scheme's default."""
+    sharing = getattr(cfg, "position_sharing", None) or default
+    if sharing not in SHARING_CHOICES:
+        raise ValueError(f"--position-sharing must be one of {', '.join(SHARING_CHOICES)}, got {sharing!r}")
+    groups = 1 if sharing == "layers" else num_layers
+    heads = 1 if sharing == "heads" else num_heads
+    return sharing, groups, heads

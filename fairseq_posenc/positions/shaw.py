@@ -1,0 +1,43 @@
+import torch
+import torch.nn as nn
+
+from .base import PositionEncoding
+from .diet_rel import RelativeDistanceConfig
+
+
+class ShawRelative(PositionEncoding):
+    """Shaw et al. (2018): learned vectors a^K, a^V per clipped offset j - i (size head dim,
+    shared by the heads of a layer) added to the keys inside the logits and to the values."""
+
+    config = RelativeDistanceConfig
+    needs_attention_weights = True
+
+    def __init__(self, cfg, side, num_layers, num_heads, head_dim):
+        super().__init__(cfg, side, num_layers, num_heads, head_dim)
+        self.max_distance = cfg.max_relative_distance or 16
+        if self.max_distance <= 0:
+            raise ValueError(f"--max-relative-distance must be positive, got {self.max_distance}")
+        # (layers, 2k + 1, head dim): index k + (j - i)
+        self.rel_k = nn.Parameter(torch.empty(num_layers, 2 * self.max_distance + 1, head_dim))
+        self.rel_v = nn.Parameter(torch.empty(num_layers, 2 * self.max_distance + 1, head_dim))
+        nn.init.xavier_uniform_(self.rel_k)
+        nn.init.xavier_uniform_(self.rel_v)
+
+    def _index(self, pos):
+        k = self.max_distance
+        return self.shared(
+            ("shaw_index",) + pos.key,
+            lambda: (pos.k_frame[None, :] - pos.q_frame[:, None]).clamp(-k, k) + k,  # (T, S)
+        )
+
+    def attention_bias(self, layer, q, pos):
+        # q_i . a^K_ij / sqrt(d): (B, H, T, D) x (2k+1, D) -> (B, H, T, 2k+1) -> (B, H, T, S)
+        scores = torch.matmul(q, self.rel_k[layer].t().to(q.dtype)) * self.head_dim**-0.5
+        index = self._index(pos)
+        return scores.gather(-1, index.expand(*scores.shape[:2], *index.shape))
+
+    def value_term(self, layer, probs, pos):
+        # sum_j p_ij a^V_ij: pool probabilities per offset, (B, H, T, 2k+1) x (2k+1, D)
+        index = self._index(pos).expand_as(probs)
+        pooled = probs.new_zeros(*probs.shape[:3], 2 * self.max_distance + 1).scatter_add_(-1, index, probs)
+        return torch.matmul(pooled, self.rel_v[layer].to(probs.dtype))

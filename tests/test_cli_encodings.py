@@ -1,0 +1,81 @@
+"""Every encoding through fairseq's own CLI: a short fairseq-train, then fairseq-generate on the
+checkpoint, whose scores must be those of the model that saved it."""
+import math
+import os
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+from fairseq_posenc import pipeline, toy_data
+from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
+from fairseq_posenc.positions import POSITION_ENCODINGS
+
+TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (600, 3, 10), "valid": (40, 3, 10),
+                                                              "test": (20, 3, 14)})
+    return {"root": root, "bin": pipeline.preprocess(prefixes, str(root / "bin")), "raw": prefixes}
+
+
+def _train(corpus, encoding):
+    save_dir = str(corpus["root"] / encoding)
+    pipeline.train(corpus["bin"], save_dir, [
+        "--arch", "transformer_posenc", "--position-encoding", encoding, "--cpu", *TINY,
+        "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000", "--max-update", "15",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--no-epoch-checkpoints", "--no-progress-bar", "--seed", "3", "--num-workers", "0",
+    ])
+    return os.path.join(save_dir, "checkpoint_last.pt")
+
+
+def _model_that_saved(checkpoint, data_bin):
+    state = torch.load(checkpoint, map_location="cpu")
+    dictionary = Dictionary.load(os.path.join(data_bin, "dict.src.txt"))
+
+    class Task:
+        source_dictionary = target_dictionary = dictionary
+
+    model = PosencTransformerModel.build_model(state["cfg"]["model"], Task())
+    model.load_state_dict(state["model"], strict=True)
+    return model.eval(), dictionary
+
+
+def _parse_positional_scores(text):
+    scores = {}
+    for line in text.splitlines():
+        if line.startswith("P-"):
+            idx, values = line[2:].split("\t", 1)
+            scores[int(idx)] = [float(x) for x in values.split()]
+    return scores
+
+
+@pytest.mark.parametrize("encoding", list(POSITION_ENCODINGS))
+def test_train_and_generate_reload_the_same_model(corpus, encoding):
+    checkpoint = _train(corpus, encoding)
+    generation = pipeline.generate(corpus["bin"], checkpoint, beam=4, lenpen=0.6)
+    assert len(generation.hypotheses) == 20
+
+    out = pipeline.run([pipeline.executable("fairseq-generate"), corpus["bin"], "--user-dir", pipeline.USER_DIR,
+                        "--path", checkpoint, "--score-reference", "--batch-size", "8"],
+                       f"{checkpoint}.score.log")
+    cli_scores = _parse_positional_scores(out)
+    model, dictionary = _model_that_saved(checkpoint, corpus["bin"])
+    with open(corpus["raw"]["test"] + ".src") as fs, open(corpus["raw"]["test"] + ".tgt") as ft:
+        pairs = list(zip(fs, ft))
+    assert sorted(cli_scores) == list(range(len(pairs)))
+    with torch.no_grad():
+        for i, (src, tgt) in enumerate(pairs):
+            src_tokens = dictionary.encode_line(src, add_if_not_exist=False).long()[None]
+            target = dictionary.encode_line(tgt, add_if_not_exist=False).long()[None]
+            prev = torch.cat([target.new_tensor([[dictionary.eos()]]), target[:, :-1]], dim=1)
+            lprobs = model.get_normalized_probs(model(src_tokens, torch.tensor([src_tokens.size(1)]), prev),
+                                                log_probs=True)
+            expected = (lprobs[0].gather(-1, target[0, :, None])[:, 0] / math.log(2)).tolist()
+            assert cli_scores[i] == pytest.approx(expected, abs=2e-4), f"sentence {i}"

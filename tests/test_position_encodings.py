@@ -1,0 +1,155 @@
+"""Properties every position encoding must keep, asserted for each one."""
+import argparse
+
+import pytest
+import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_posenc.positions import POSITION_ENCODINGS, get_position_encoding
+from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
+
+ENCODINGS = list(POSITION_ENCODINGS)
+EXTRAPOLATING = ["sinusoidal", "none", "diet_rel", "shaw", "t5", "rope", "alibi"]
+LIMITED = ["learned", "diet_abs"]
+IN_ATTENTION = ["diet_abs", "diet_rel", "shaw", "t5", "rope", "alibi"]
+
+
+def model_for(encoding, *flags, max_positions=64):
+    return with_strong_positions(
+        build_model("transformer_posenc", "--position-encoding", encoding, *flags, max_positions=max_positions)
+    )
+
+
+def test_every_named_encoding_is_registered():
+    assert sorted(ENCODINGS) == sorted(EXTRAPOLATING + LIMITED)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@torch.no_grad()
+def test_incremental_decoding_matches_full_forward(encoding):
+    model = model_for(encoding)
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5, 7], tgt_len=8)
+    torch.testing.assert_close(
+        incremental_log_probs(model, src, lengths, prev), full_log_probs(model, src, lengths, prev),
+        atol=1e-5, rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@torch.no_grad()
+def test_beam_search_scores_equal_a_full_forward_of_each_hypothesis(encoding):
+    """Beam search reorders the incremental state every step; if it got that wrong, the scores
+    of the surviving hypotheses would not be those of the model."""
+    model = model_for(encoding)
+    dictionary = model.decoder.dictionary
+    src, lengths, _ = toy_batch(dictionary, [9, 5, 7])
+    generator = SequenceGenerator([model], dictionary, beam_size=4, max_len_b=12, min_len=5)
+    hypotheses = generator.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    for b, beams in enumerate(hypotheses):
+        assert len(beams) == 4
+        for hyp in beams:
+            tokens = hyp["tokens"][None]
+            prev = torch.cat([tokens.new_tensor([[dictionary.eos()]]), tokens[:, :-1]], dim=1)
+            lprobs = full_log_probs(model, src[b: b + 1], lengths[b: b + 1], prev)
+            rescored = lprobs[0].gather(-1, tokens[0, :, None])[:, 0]
+            torch.testing.assert_close(hyp["positional_scores"], rescored, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@torch.no_grad()
+def test_padding_changes_nothing(encoding):
+    model = model_for(encoding)
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5, 7], tgt_len=6)
+    batch_enc = model.encoder(src, lengths)["encoder_out"][0]  # (T, B, C), left-padded
+    batch_out = full_log_probs(model, src, lengths, prev)
+    for b, n in enumerate(lengths.tolist()):
+        alone = src[b: b + 1, -n:]
+        torch.testing.assert_close(model.encoder(alone, lengths[b: b + 1])["encoder_out"][0][:, 0],
+                                   batch_enc[-n:, b], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(full_log_probs(model, alone, lengths[b: b + 1], prev[b: b + 1])[0],
+                                   batch_out[b], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("encoding", EXTRAPOLATING)
+@torch.no_grad()
+def test_extrapolating_encodings_run_past_the_trained_length(encoding):
+    model = model_for(encoding, max_positions=16)
+    model.encoder.max_source_positions = model.decoder.max_target_positions = 64  # as --model-overrides
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [40, 33], tgt_len=30)
+    out = full_log_probs(model, src, lengths, prev)
+    assert out.shape == (2, 30, len(model.decoder.dictionary))
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(incremental_log_probs(model, src, lengths, prev), out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("encoding", LIMITED)
+@torch.no_grad()
+def test_length_limited_encodings_stop_with_a_clear_error(encoding):
+    model = model_for(encoding, max_positions=16)
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [20], tgt_len=5)
+    with pytest.raises(ValueError, match=r"encoder input of length 20 exceeds the 16 positions .*--max-source-positions"):
+        model(src, lengths, prev)
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [10], tgt_len=17)
+    with pytest.raises(ValueError, match=r"decoder input of length 17 exceeds the 16 positions .*--max-target-positions"):
+        model(src, lengths, prev)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@torch.no_grad()
+def test_word_order_reaches_the_encoder_exactly_when_positions_are_encoded(encoding):
+    model = model_for(encoding)
+    src, lengths, _ = toy_batch(model.encoder.dictionary, [8], left_pad_source=False)
+    body = src[:, :-1]  # keep eos last
+    reordered = torch.cat([body.flip(1), src[:, -1:]], dim=1)
+    out = model.encoder(src, lengths)["encoder_out"][0][:-1, 0]
+    out_reordered = model.encoder(reordered, lengths)["encoder_out"][0][:-1, 0].flip(0)
+    if encoding == "none":  # a bag of words: the outputs just follow the tokens
+        torch.testing.assert_close(out_reordered, out, atol=1e-5, rtol=1e-5)
+    else:
+        assert (out_reordered - out).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("encoding", IN_ATTENTION)
+def test_in_attention_encodings_drop_the_input_embedding_unless_asked(encoding):
+    assert model_for(encoding).encoder.embed_positions is None
+    kept = model_for(encoding, "--keep-input-positions")
+    assert type(kept.encoder.embed_positions).__name__ == "SinusoidalPositionalEmbedding"
+    assert type(kept.decoder.embed_positions).__name__ == "SinusoidalPositionalEmbedding"
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_named_architectures_for_each_encoding(encoding):
+    for suffix, dim, heads in (("wmt_en_de", 512, 8), ("wmt_en_de_big", 1024, 16)):
+        args = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[f"transformer_{encoding}_{suffix}"](args)
+        assert args.position_encoding == encoding
+        assert (args.encoder_embed_dim, args.encoder_attention_heads, args.encoder_layers) == (dim, heads, 6)
+    args = argparse.Namespace(position_encoding="t5")  # a flag given by the user wins
+    ARCH_CONFIG_REGISTRY[f"transformer_{encoding}_wmt_en_de"](args)
+    assert args.position_encoding == "t5"
+
+
+def test_unknown_encoding_lists_the_choices():
+    with pytest.raises(ValueError, match="unknown --position-encoding 'xpos'; choose one of: sinusoidal, learned"):
+        get_position_encoding("xpos")
+
+
+@pytest.mark.parametrize("encoding", ["sinusoidal", "rope", "shaw", "diet_abs", "t5"])
+@torch.no_grad()
+def test_fixed_head_size(encoding):
+    model = model_for(encoding, "--attention-head-dim", "12")  # d=32, 4 heads -> 48 wide
+    for attn in (model.encoder.layers[0].self_attn, model.decoder.layers[1].encoder_attn):
+        assert attn.q_proj.weight.shape == (48, 32) and attn.k_proj.weight.shape == (48, 32)
+        assert attn.out_proj.weight.shape == (32, 48)
+        assert attn.scaling == pytest.approx(12 ** -0.5)
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5], tgt_len=6)
+    torch.testing.assert_close(
+        incremental_log_probs(model, src, lengths, prev), full_log_probs(model, src, lengths, prev),
+        atol=1e-5, rtol=1e-5,
+    )
+
+
+def test_rope_refuses_an_odd_head_size():
+    with pytest.raises(ValueError, match="rope needs an even head size, got 7; set --attention-head-dim"):
+        build_model("transformer_posenc", "--position-encoding", "rope", "--attention-head-dim", "7")

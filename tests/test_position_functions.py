@@ -1,0 +1,91 @@
+"""The pure maths of the position schemes, against hand-computed values."""
+import math
+
+import torch
+
+from fairseq_posenc.positions.alibi import alibi_slopes
+from fairseq_posenc.positions.base import AttentionPositions
+from fairseq_posenc.positions.rope import rope_angles, rotate_half
+from fairseq_posenc.positions.segments import segment_ids
+from fairseq_posenc.positions.t5 import relative_position_bucket
+
+
+def test_t5_buckets_bidirectional_by_hand():
+    # 32 buckets: 16 per direction, 8 exact (0..7), then log-spaced up to distance 128:
+    # bucket = 8 + floor(log(d / 8) / log(128 / 8) * 8), e.g. d=15 -> 8 + 1 (1.81), d=16 -> 8 + 2.
+    # Keys after the query (positive memory - query) add 16.
+    rel = torch.tensor([0, -1, -7, -8, -15, -16, -32, -64, -127, -128, -1000, 1, 7, 8, 16, 200])
+    expected = [0, 1, 7, 8, 9, 10, 12, 14, 15, 15, 15, 17, 23, 24, 26, 31]
+    assert relative_position_bucket(rel, bidirectional=True).tolist() == expected
+
+
+def test_t5_buckets_causal_by_hand():
+    # one-sided: 16 exact (0..15), then 16 + floor(log(d / 16) / log(128 / 16) * 16);
+    # d=32 -> 16 + 5 (5.33), d=64 -> 16 + 10 (10.67); keys in the future fall in bucket 0.
+    rel = torch.tensor([5, 0, -1, -15, -16, -32, -64, -127, -128, -500])
+    expected = [0, 0, 1, 15, 16, 21, 26, 31, 31, 31]
+    assert relative_position_bucket(rel, bidirectional=False).tolist() == expected
+
+
+def test_t5_buckets_small_configuration():
+    # 8 buckets, max distance 16, bidirectional: 4 per side, 2 exact, log buckets 2..3
+    rel = torch.tensor([0, -1, -2, -3, -4, -8, -16, 1, 2, 4, 100])
+    expected = [0, 1, 2, 2, 2, 3, 3, 5, 6, 6, 7]
+    assert relative_position_bucket(rel, True, num_buckets=8, max_distance=16).tolist() == expected
+
+
+def test_alibi_slopes_power_of_two():
+    assert alibi_slopes(8).tolist() == [2.0 ** -i for i in range(1, 9)]
+    assert alibi_slopes(4).tolist() == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8]
+
+
+def test_alibi_slopes_other_head_counts():
+    # 6 heads: the 4-head slopes, then every other 8-head slope (2^-1, 2^-3)
+    assert alibi_slopes(6).tolist() == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]
+    assert alibi_slopes(1).tolist() == [2.0 ** -8]
+    assert len(alibi_slopes(12)) == 12
+
+
+def test_rotate_half():
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert rotate_half(x).tolist() == [-3.0, -4.0, 1.0, 2.0]
+
+
+def test_rope_angles_and_relative_dot_products():
+    angles = rope_angles(torch.tensor([0, 1, 3]), dim=4, theta=100.0)
+    # frequencies 100^0 = 1 and 100^(-2/4) = 0.1, each repeated for the two halves
+    torch.testing.assert_close(angles[2], torch.tensor([3.0, 0.3, 3.0, 0.3]))
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(8, generator=g), torch.randn(8, generator=g)
+
+    def rotated_dot(i, j):
+        a = rope_angles(torch.tensor([i, j]), dim=8)
+        rq = q * a[0].cos() + rotate_half(q) * a[0].sin()
+        rk = k * a[1].cos() + rotate_half(k) * a[1].sin()
+        return (rq * rk).sum()
+
+    # depends on i - j only
+    torch.testing.assert_close(rotated_dot(3, 1), rotated_dot(10, 8))
+    assert not math.isclose(rotated_dot(3, 1).item(), rotated_dot(3, 2).item(), rel_tol=1e-3)
+
+
+def test_segment_ids_by_hand():
+    sep = 9
+    tokens = torch.tensor([[1, 4, 9, 5, 9, 6, 2], [0, 0, 4, 5, 9, 6, 2]])
+    assert segment_ids(tokens, sep, max_segments=8).tolist() == [[0, 0, 0, 1, 1, 2, 2], [0, 0, 0, 0, 0, 1, 1]]
+    assert segment_ids(tokens, sep, max_segments=2).tolist() == [[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1]]
+
+
+def test_positions_are_padding_aware_for_left_padded_sources():
+    mask = torch.tensor([[True, True, False, False], [False, False, False, False]])
+    pos = AttentionPositions.build(4, 4, mask, "cpu")
+    assert pos.padded
+    assert pos.k.tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
+    assert pos.q_frame.tolist() == [0, 1, 2, 3]
+
+
+def test_positions_carry_the_decoding_offset():
+    pos = AttentionPositions.build(1, 5, None, "cpu")
+    assert not pos.padded
+    assert pos.q.tolist() == [[4]] and pos.k.tolist() == [[0, 1, 2, 3, 4]]
+    assert pos.key == (4, 1, 5)

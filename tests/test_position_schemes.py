@@ -1,0 +1,171 @@
+"""Each scheme computes what its paper says, shares what it should, and caches for decoding."""
+import argparse
+import math
+
+import pytest
+import torch
+
+from fairseq_posenc.modules import PositionalAttention
+from fairseq_posenc.positions import AttentionPositions
+from fairseq_posenc.positions.diet_abs import DietAbs
+from fairseq_posenc.positions.diet_rel import DietRel
+from fairseq_posenc.positions.shaw import ShawRelative
+from toy import ToyTask, build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
+
+
+def cfg(**kw):
+    base = dict(max_relative_distance=None, position_sharing=None, diet_rank=None,
+                max_source_positions=32, max_target_positions=32)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def frame(n):
+    return AttentionPositions.build(n, n, None, "cpu")
+
+
+def test_shaw_attention_matches_the_equations():
+    torch.manual_seed(0)
+    heads, dim, head_dim, k, n = 2, 8, 4, 2, 6
+    attn = PositionalAttention(dim, heads, self_attention=True).eval()
+    shaw = ShawRelative(cfg(max_relative_distance=k), "encoder", 1, heads, head_dim)
+    attn.attach([shaw], 0)
+    x = torch.randn(n, 1, dim)
+    out, _ = attn(x, x, x, need_weights=False)
+
+    q = attn.q_proj(x)[:, 0].view(n, heads, head_dim)
+    key = attn.k_proj(x)[:, 0].view(n, heads, head_dim)
+    v = attn.v_proj(x)[:, 0].view(n, heads, head_dim)
+    z = torch.zeros(n, heads, head_dim)
+    for h in range(heads):
+        for i in range(n):
+            a_k = [shaw.rel_k[0, max(-k, min(k, j - i)) + k] for j in range(n)]
+            a_v = [shaw.rel_v[0, max(-k, min(k, j - i)) + k] for j in range(n)]
+            logits = torch.stack([q[i, h] @ (key[j, h] + a_k[j]) for j in range(n)]) / math.sqrt(head_dim)
+            p = logits.softmax(-1)
+            z[i, h] = sum(p[j] * (v[j, h] + a_v[j]) for j in range(n))
+    expected = attn.out_proj(z.reshape(n, heads * head_dim))
+    torch.testing.assert_close(out[:, 0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_diet_rel_bias_is_one_scalar_per_head_per_clipped_offset():
+    rel = DietRel(cfg(max_relative_distance=2), "encoder", 3, 2, 4)
+    bias = rel.attention_bias(1, None, frame(5))[0]  # (H, T, S)
+    for h in range(2):
+        for i in range(5):
+            for j in range(5):
+                assert bias[h, i, j] == rel.weight[1, h, max(-2, min(2, i - j)) + 2]
+    assert rel.weight.shape == (3, 2, 5)  # not shared by default, as the paper found best
+
+
+def test_diet_rel_default_distance_is_128():
+    assert DietRel(cfg(), "encoder", 1, 2, 4).weight.shape[-1] == 257
+
+
+@pytest.mark.parametrize("sharing, shape", [("layers", (1, 32, 4, 3)), ("heads", (6, 32, 1, 3)),
+                                             ("none", (6, 32, 4, 3))])
+def test_diet_abs_sharing_and_rank(sharing, shape):
+    scheme = DietAbs(cfg(position_sharing=sharing, diet_rank=3), "encoder", 6, 4, 8)
+    assert scheme.p_q.shape == scheme.p_k.shape == shape
+    bias = scheme.attention_bias(2, None, frame(5))[0]
+    group = 0 if sharing == "layers" else 2
+    head = lambda h: 0 if sharing == "heads" else h  # noqa: E731
+    for h in range(4):
+        expected = scheme.p_q[group, :5, head(h)] @ scheme.p_k[group, :5, head(h)].t()
+        torch.testing.assert_close(bias[h], expected)
+
+
+def test_diet_abs_defaults_to_sharing_across_layers_with_rank_head_dim():
+    scheme = DietAbs(cfg(), "decoder", 6, 4, 8)
+    assert scheme.sharing == "layers" and scheme.p_q.shape == (1, 32, 4, 8)
+
+
+def test_bad_sharing_is_a_clear_error():
+    with pytest.raises(ValueError, match="--position-sharing must be one of none, layers, heads, got 'all'"):
+        DietAbs(cfg(position_sharing="all"), "encoder", 6, 4, 8)
+
+
+def _count_calls(module):
+    calls = []
+    module.register_forward_hook(lambda *a: calls.append(1))
+    return calls
+
+
+def test_shared_t5_table_is_built_once_per_forward_for_all_layers():
+    model = build_model("transformer_posenc", "--position-encoding", "t5").train()
+    enc_calls = _count_calls(model.encoder.position_encoding.bias)
+    dec_calls = _count_calls(model.decoder.position_encoding.bias)
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5, 7])
+    model(src, lengths, prev)
+    assert (len(enc_calls), len(dec_calls)) == (1, 1)  # 2 layers each, one table each
+    model(src, lengths, prev)
+    assert (len(enc_calls), len(dec_calls)) == (2, 2)  # parameters may have changed: rebuilt
+
+
+@torch.no_grad()
+def test_decoding_builds_position_tables_once_not_every_step():
+    model = with_strong_positions(build_model("transformer_posenc", "--position-encoding", "t5"))
+    dec_calls = _count_calls(model.decoder.position_encoding.bias)
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5, 7], tgt_len=12)
+    incremental_log_probs(model, src, lengths, prev)
+    assert len(dec_calls) == 1  # 12 steps, 2 layers
+    model.decoder.position_encoding.bias.weight.mul_(2)  # new parameters: the cache is stale
+    incremental_log_probs(model, src, lengths, prev)
+    assert len(dec_calls) == 2
+
+
+def test_diet_abs_table_shared_across_layers_is_computed_once(monkeypatch):
+    model = build_model("transformer_posenc", "--position-encoding", "diet_abs").train()
+    einsums = []
+    real = torch.einsum
+    monkeypatch.setattr(torch, "einsum", lambda *a: einsums.append(a[0]) or real(*a))
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5, 7])
+    model(src, lengths, prev)
+    assert einsums.count("qhr,khr->hqk") == 2  # encoder + decoder, not per layer
+
+
+def _segment_task():
+    task = ToyTask()
+    task.source_dictionary.add_symbol("<sep>")
+    return task
+
+
+def _segment_model():
+    model = build_model("transformer_posenc", "--position-encoding", "diet_rel", "--segment-attention",
+                        task=_segment_task())
+    return with_strong_positions(model)
+
+
+@torch.no_grad()
+def test_segment_attention_acts_only_across_segments():
+    model = _segment_model()
+    d = model.encoder.dictionary
+    sep = d.index("<sep>")
+    src, lengths, _ = toy_batch(d, [9])
+    src[src.eq(sep)] = d.index("w0")  # one segment
+    one_segment = model.encoder(src, lengths)["encoder_out"][0]
+    model.encoder.segment_bias.weight.normal_(0, 1.0)
+    # a single segment: the same scalar on every logit of a row, which softmax cancels
+    torch.testing.assert_close(model.encoder(src, lengths)["encoder_out"][0], one_segment, atol=1e-5, rtol=1e-5)
+    two = src.clone()
+    two[0, 4] = sep
+    with_bias = model.encoder(two, lengths)["encoder_out"][0]
+    model.encoder.segment_bias.weight.zero_()
+    assert (model.encoder(two, lengths)["encoder_out"][0] - with_bias).abs().max() > 1e-2
+
+
+@torch.no_grad()
+def test_segment_attention_keeps_padding_and_decoding_properties():
+    model = _segment_model()
+    model.encoder.segment_bias.weight.normal_(0, 1.0)
+    d = model.encoder.dictionary
+    src, lengths, prev = toy_batch(d, [9, 5], tgt_len=6)
+    src[0, 3] = src[1, -3] = d.index("<sep>")
+    batch = full_log_probs(model, src, lengths, prev)
+    torch.testing.assert_close(incremental_log_probs(model, src, lengths, prev), batch, atol=1e-5, rtol=1e-5)
+    alone = full_log_probs(model, src[1:, -5:], lengths[1:], prev[1:])
+    torch.testing.assert_close(alone[0], batch[1], atol=1e-5, rtol=1e-5)
+
+
+def test_segment_separator_must_be_in_the_dictionary():
+    with pytest.raises(ValueError, match="--segment-separator '<sep>' is not in the source dictionary"):
+        build_model("transformer_posenc", "--segment-attention")
