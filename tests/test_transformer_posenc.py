@@ -104,3 +104,37 @@ def test_named_architectures_have_vaswani_sizes(arch, dim, ffn, heads, dropout):
     assert (args.encoder_layers, args.decoder_layers) == (6, 6)
     assert args.dropout == dropout
     assert args.position_encoding == "sinusoidal"
+
+
+@torch.no_grad()
+def test_alignment_attention_matches_stock():
+    stock, ours = _pair()
+    src, lengths, prev = toy_batch(stock.encoder.dictionary, [9, 5, 7])
+    stock.eval(), ours.eval()
+    (_, stock_extra), (_, our_extra) = stock(src, lengths, prev), ours(src, lengths, prev)
+    assert our_extra["attn"][0].shape == (3, 7, 9)  # (B, T, S), averaged over heads
+    torch.testing.assert_close(our_extra["attn"][0], stock_extra["attn"][0], atol=1e-6, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_per_head_attention_weights_match_fairseq_multihead_attention():
+    from fairseq.modules import MultiheadAttention
+
+    from fairseq_posenc.modules import PositionalAttention
+
+    torch.manual_seed(0)
+    theirs = MultiheadAttention(16, 4, self_attention=True).eval()
+    ours = PositionalAttention(16, 4, self_attention=True).eval()
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(6, 2, 16)
+    pad = torch.tensor([[True, True, False, False, False, False], [False] * 6])
+    # fairseq's fused path averages the heads whatever it is asked; compare the averages
+    expected = theirs(x, x, x, key_padding_mask=pad, need_weights=True)
+    averaged = ours(x, x, x, key_padding_mask=pad, need_weights=True)
+    per_head = ours(x, x, x, key_padding_mask=pad, need_head_weights=True)
+    assert averaged[1].shape == (2, 6, 6) and per_head[1].shape == (4, 2, 6, 6)  # (H, B, T, S)
+    torch.testing.assert_close(averaged[0], expected[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(averaged[1], expected[1], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(per_head[1].mean(0), expected[1], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(per_head[1].sum(-1), torch.ones(4, 2, 6))
+    assert per_head[1][:, 0, :, :2].abs().max() == 0  # padded keys get no weight
