@@ -10,7 +10,7 @@ from fairseq_posenc.positions import POSITION_ENCODINGS, get_position_encoding
 from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
 
 ENCODINGS = list(POSITION_ENCODINGS)
-EXTRAPOLATING = ["sinusoidal", "none", "diet_rel", "shaw", "t5", "rope", "alibi"]
+EXTRAPOLATING = ["sinusoidal", "none", "diet_rel", "shaw", "t5", "rope", "alibi", "floater"]
 LIMITED = ["learned", "diet_abs"]
 IN_ATTENTION = ["diet_abs", "diet_rel", "shaw", "t5", "rope", "alibi"]
 

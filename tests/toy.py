@@ -68,8 +68,11 @@ def with_strong_positions(model, std=0.5):
     initialisation is deliberately small), then put the model in eval mode."""
     g = torch.Generator().manual_seed(7)
     for stack in (model.encoder, model.decoder):
-        for p in stack.position_encoding.parameters():
-            p.data.copy_(torch.randn(p.shape, generator=g) * std)
+        for module in stack.position_encoding.modules():
+            # a linear layer (FLOATER's dynamics) keeps unit gain, or its ODE would blow up
+            scale = std / module.in_features**0.5 if isinstance(module, torch.nn.Linear) else std
+            for p in module.parameters(recurse=False):
+                p.data.copy_(torch.randn(p.shape, generator=g) * scale)
     return model.eval()
 
 

@@ -39,7 +39,9 @@ class PosencTransformerModel(TransformerModel):
         args.encoder_learned_pos = args.decoder_learned_pos = learned
         if scheme.input_embedding is None and not args.keep_input_positions:
             args.no_token_positional_embeddings = True
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        scheme.finish_model(model, args)
+        return model
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

@@ -8,6 +8,7 @@ from .alibi import ALiBi
 from .base import AttentionPositions, PositionEncoding
 from .diet_abs import DietAbs
 from .diet_rel import DietRel
+from .floater import FloaterPositionEncoding
 from .learned import LearnedPositionEncoding
 from .none import NoPositionEncoding
 from .rope import RotaryPositionEncoding
@@ -25,6 +26,7 @@ POSITION_ENCODINGS = {
     "t5": T5Bias,
     "rope": RotaryPositionEncoding,
     "alibi": ALiBi,
+    "floater": FloaterPositionEncoding,
 }
 
 

@@ -93,6 +93,14 @@ class PositionEncoding(nn.Module):
         self._tables: Dict[Hashable, Tuple[Tuple, Tensor, int]] = {}
 
     # hooks; the defaults do nothing
+    @classmethod
+    def finish_model(cls, model, args):
+        """Called once the whole model is built: links the decoder's scheme to the encoder's."""
+        model.decoder.position_encoding.tie(model.encoder.position_encoding)
+
+    def tie(self, encoder_scheme: "PositionEncoding"):
+        """On the decoder's scheme, with the encoder's: share what the two should share."""
+
     def begin_forward(self, tokens: Tensor):
         """Called by the stack with its input tokens (B, T) before its layers run."""
         self._forward_cache.clear()

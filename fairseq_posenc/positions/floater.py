@@ -1,0 +1,264 @@
+"""FLOATER (Liu et al., 2020): positions as the solution of a learned ODE.
+
+dp/dt = h(t, p(t)), p_i = p(i * dt). Every attention block has its own initial states (one per
+projection: q, k, v in self-attention, k, v in encoder-decoder attention); the dynamics h are
+shared by all blocks. The solution is a bias added to the projections, in the paper's
+warm-start form: the sinusoidal input embedding stays, and with h = 0 and zero initial states
+the model is exactly the vanilla Transformer.
+
+Cost: the biases do not depend on the input, so one solve covers every block and every sentence
+of a forward, for the longest length needed; a longer length extends the solution from where it
+ended rather than solving again from 0. Without gradients the solution is kept, stored in the
+checkpoint (``solution``), and reused while the parameters are those it was solved with.
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from .base import MIN_TABLE, PositionEncoding
+
+FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
+ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
+
+
+@dataclass
+class FloaterConfig:
+    floater_dt: float = field(default=0.1, metadata={"help": "floater: time between two positions"})
+    floater_solver: str = field(
+        default="rk4", metadata={"help": "floater: torchdiffeq method, fixed-step " + ", ".join(FIXED_STEP_SOLVERS)
+                                 + " or adaptive " + ", ".join(ADAPTIVE_SOLVERS)}
+    )
+    floater_step: Optional[float] = field(
+        default=None, metadata={"help": "floater: step of fixed-step solvers (default dt / 5)"}
+    )
+    floater_adjoint: bool = field(
+        default=False, metadata={"help": "floater: backpropagate with the adjoint method (less memory, more time)"}
+    )
+    floater_hidden: Optional[int] = field(
+        default=None, metadata={"help": "floater: hidden size of the dynamics h (default: the attention width)"}
+    )
+    floater_init_from: Optional[str] = field(
+        default=None,
+        metadata={"help": "floater: warm start from this checkpoint of a sinusoidal transformer_posenc or "
+                  "fairseq transformer of the same size; h and the initial states start at 0"},
+    )
+
+
+class Dynamics(nn.Module):
+    """h(t, p) = W2 [t; relu(W1 [t; p])]: two linear layers, each seeing the time."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim + 1, hidden)
+        self.fc2 = nn.Linear(hidden + 1, dim)
+
+    def forward(self, t: Tensor, p: Tensor) -> Tensor:
+        time = t.to(p.dtype).expand(p.shape[:-1] + (1,))
+        hidden = torch.relu(self.fc1(torch.cat([time, p], dim=-1)))
+        return self.fc2(torch.cat([time, hidden], dim=-1))
+
+
+class FloaterODE(nn.Module):
+    """All blocks' position biases: ``positions(n)`` -> (>= n, states, dim)."""
+
+    def __init__(self, num_states: int, dim: int, hidden: int, dt: float, solver: str,
+                 step: Optional[float], adjoint: bool):
+        super().__init__()
+        if solver not in FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS:
+            raise ValueError(f"--floater-solver {solver!r} is not a torchdiffeq method; choose one of "
+                             f"{', '.join(FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS)}")
+        if dt <= 0 or (step is not None and step <= 0):
+            raise ValueError("--floater-dt and --floater-step must be positive")
+        self.dt, self.solver, self.adjoint = dt, solver, adjoint
+        self.step = step if step is not None else dt / 5
+        self.dynamics = Dynamics(dim, hidden)
+        self.initial = nn.Parameter(torch.empty(num_states, dim))
+        nn.init.normal_(self.initial, std=0.02)
+        # The solution for the current parameters, kept in the checkpoint, and a fingerprint of
+        # the parameters it was solved with.
+        self.register_buffer("solution", torch.zeros(0, num_states, dim))
+        self.register_buffer("fingerprint", torch.zeros(2, dtype=torch.float64))
+        self.solved_length = 0
+        self._trusted_versions = None
+        self._generation = 0
+        self._graph = None  # (generation, solution with autograd history) while training
+        self.solve_calls = 0  # ODE solves so far, for tests and benchmarks
+        self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module._refresh_for_saving())
+
+    def reset_to_vanilla(self):
+        """h = 0 and zero initial states: every bias is 0, the model is the vanilla one."""
+        with torch.no_grad():
+            for p in self.parameters():
+                p.zero_()
+
+    def new_forward(self):
+        """A new model forward begins: solutions with autograd history are not reused."""
+        self._generation += 1
+
+    def positions(self, length: int) -> Tensor:
+        if torch.is_grad_enabled() and self.initial.requires_grad:
+            generation, solution = self._graph if self._graph is not None else (None, None)
+            if generation != self._generation:
+                solution = self._solve(self.initial, 0, length)
+            elif solution.size(0) < length:
+                solution = torch.cat([solution, self._solve(solution[-1], solution.size(0) - 1, length)[1:]])
+            self._graph = (self._generation, solution)
+            self.solved_length = max(self.solved_length, length)
+            return solution
+        with torch.no_grad():
+            if not self._solution_is_current():
+                self._set_solution(self._solve(self.initial, 0, max(length, MIN_TABLE)))
+            elif self.solution.size(0) < length:
+                start = self.solution.size(0) - 1
+                more = self._solve(self.solution[-1], start, max(length, 2 * self.solution.size(0)))
+                self._set_solution(torch.cat([self.solution, more[1:]]))
+        return self.solution
+
+    def _solve(self, y0: Tensor, start: int, end: int) -> Tensor:
+        """p at positions start .. end - 1 from p(start * dt) = y0: (end - start, states, dim)."""
+        from torchdiffeq import odeint, odeint_adjoint
+
+        if end - start <= 1:
+            return y0[None]
+        self.solve_calls += 1
+        times = torch.arange(start, end, device=y0.device, dtype=torch.float32) * self.dt
+        options = {"step_size": self.step} if self.solver in FIXED_STEP_SOLVERS else None
+        if self.adjoint and torch.is_grad_enabled():
+            return odeint_adjoint(self.dynamics, y0, times, method=self.solver, options=options,
+                                  adjoint_params=tuple(self.dynamics.parameters()) + (self.initial,))
+        return odeint(self.dynamics, y0, times, method=self.solver, options=options)
+
+    def _fingerprint(self) -> Tensor:
+        values = [p.detach().double() for p in self.parameters()]
+        return torch.stack([sum(v.sum() for v in values), sum((v * v).sum() for v in values)]).cpu()
+
+    def _versions(self):
+        return tuple((p._version, p.data_ptr(), p.dtype) for p in self.parameters())
+
+    def _solution_is_current(self) -> bool:
+        if self.solution.size(0) == 0:
+            return False
+        if self._trusted_versions == self._versions():
+            return True
+        if torch.equal(self._fingerprint(), self.fingerprint.cpu()):
+            self._trusted_versions = self._versions()
+            return True
+        return False
+
+    def _set_solution(self, solution: Tensor):
+        self.solution = solution.detach().to(self.solution.dtype)
+        self.fingerprint = self._fingerprint().to(self.fingerprint.device)
+        self._trusted_versions = self._versions()
+
+    def _refresh_for_saving(self):
+        """A checkpoint stores the solution of its own parameters, for the longest length
+        trained on, so that decoding from it needs no ODE solve."""
+        length = max(self.solved_length, self.solution.size(0))
+        if length > 0 and not self._solution_is_current():
+            with torch.no_grad():
+                self._set_solution(self._solve(self.initial, 0, max(length, MIN_TABLE)))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        stored = state_dict.get(prefix + "solution")
+        if stored is not None:  # its length is whatever the saver had solved
+            self.solution = self.solution.new_zeros(stored.shape)
+            self._trusted_versions = None
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class FloaterPositionEncoding(PositionEncoding):
+    """Per-block biases on the q, k, v projections from one shared ODE (see the module doc).
+
+    The encoder's scheme owns the ODE with the initial states of every block of the model; the
+    decoder's uses it through :meth:`tie`.
+    """
+
+    input_embedding = "sinusoidal"
+    config = FloaterConfig
+
+    def __init__(self, cfg, side, num_layers, num_heads, head_dim):
+        super().__init__(cfg, side, num_layers, num_heads, head_dim)
+        self.width = num_heads * head_dim
+        self.encoder_layers, self.decoder_layers = cfg.encoder.layers, cfg.decoder.layers
+        self._ode = None
+        if side == "encoder":
+            states = 3 * self.encoder_layers + 5 * self.decoder_layers
+            self.ode = FloaterODE(states, self.width, cfg.floater_hidden or self.width, cfg.floater_dt,
+                                  cfg.floater_solver, cfg.floater_step, cfg.floater_adjoint)
+
+    @classmethod
+    def finish_model(cls, model, args):
+        super().finish_model(model, args)
+        if args.floater_init_from:
+            warm_start(model, args.floater_init_from)
+            # the warm start is done: a checkpoint of this model must not redo it when reloaded
+            args.floater_init_from = None
+
+    def tie(self, encoder_scheme):
+        if self.side == "decoder":
+            if encoder_scheme.width != self.width:
+                raise ValueError(f"floater needs the same attention width in encoder and decoder, got "
+                                 f"{encoder_scheme.width} and {self.width}")
+            # a reference, not a submodule: the ODE's parameters belong to the encoder
+            self._ode = (encoder_scheme.ode,)
+
+    @property
+    def solver(self) -> FloaterODE:
+        return self.ode if self.side == "encoder" else self._ode[0]
+
+    def begin_forward(self, tokens):
+        super().begin_forward(tokens)
+        if self.side == "encoder":
+            self.solver.new_forward()
+
+    def _state(self, layer: int, role: str, projection: int) -> int:
+        if self.side == "encoder":
+            return 3 * layer + projection
+        if role == "self":
+            return 3 * self.encoder_layers + 3 * layer + projection
+        return 3 * self.encoder_layers + 3 * self.decoder_layers + 2 * layer + projection - 1
+
+    def _bias(self, solution: Tensor, state: int, positions: Tensor, like: Tensor) -> Tensor:
+        # (n, states, H * D) -> (B or 1, T, H, D) -> (B or 1, H, T, D)
+        bias = solution[:, state][positions]
+        return bias.view(*positions.shape, self.num_heads, self.head_dim).transpose(1, 2).to(like.dtype)
+
+    def transform_qkv(self, layer, role, q, k, v, pos):
+        if role == "self":
+            solution = self.solver.positions(pos.k_frame.numel())
+            return tuple(x + self._bias(solution, self._state(layer, role, i), pos.q, x)
+                         for i, x in enumerate((q, k, v)))
+        if k is None:  # the encoder's keys and values are cached, biases included
+            return q, k, v
+        solution = self.solver.positions(pos.k_frame.numel())
+        return (q,) + tuple(x + self._bias(solution, self._state(layer, role, i), pos.k, x)
+                            for i, x in ((1, k), (2, v)))
+
+
+def warm_start(model, path: str):
+    """Load a vanilla (sinusoidal) model's parameters into a FLOATER model of the same size and
+    start FLOATER at h = 0, zero initial states: the result computes exactly what the vanilla
+    model computes (Liu et al.'s warm start)."""
+    import os
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--floater-init-from: no checkpoint at {path}")
+    state = torch.load(path, map_location="cpu")
+    vanilla = state.get("model") if isinstance(state, dict) else None
+    if vanilla is None:
+        raise ValueError(f"--floater-init-from: {path} is not a fairseq checkpoint (no 'model' entry)")
+    ode = model.encoder.position_encoding.ode
+    ode_keys = {f"encoder.position_encoding.ode.{k}" for k in ode.state_dict()}
+    own = model.state_dict()
+    mismatched = [k for k, v in vanilla.items() if k in own and own[k].shape != v.shape]
+    missing = sorted(set(own) - set(vanilla) - ode_keys)
+    unexpected = sorted(set(vanilla) - set(own))
+    if mismatched or missing or unexpected:
+        details = "; ".join(f"{name}: {', '.join(keys[:3])}" for name, keys in
+                            (("different shape", mismatched), ("missing", missing), ("unexpected", unexpected)) if keys)
+        raise ValueError(f"--floater-init-from: {path} is not a sinusoidal Transformer of this model's size ({details})")
+    model.load_state_dict({**own, **vanilla}, strict=True)
+    ode.reset_to_vanilla()

@@ -1,0 +1,141 @@
+"""FLOATER: the paper's sizes, the warm start, and one ODE solve where the design promises one."""
+import pytest
+import torch
+
+from fairseq_posenc.positions.floater import FloaterODE
+from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
+
+
+def floater(*flags, seed=1):
+    return build_model("transformer_posenc", "--position-encoding", "floater", *flags, seed=seed)
+
+
+def test_dynamics_have_the_papers_526k_parameters_at_d512():
+    ode = FloaterODE(num_states=48, dim=512, hidden=512, dt=0.1, solver="rk4", step=None, adjoint=False)
+    assert sum(p.numel() for p in ode.dynamics.parameters()) == 526_336  # the paper's 526.3K
+    assert ode.initial.shape == (48, 512)  # 6 x (q, k, v) + 6 x (q, k, v) + 6 x (k, v)
+    assert ode.step == pytest.approx(0.02)  # dt / 5
+
+
+def test_one_ode_holds_every_block_and_is_shared_by_the_decoder():
+    model = floater()  # 2 + 2 layers
+    ode = model.encoder.position_encoding.ode
+    assert ode.initial.shape == (3 * 2 + 5 * 2, 32)
+    assert model.decoder.position_encoding.solver is ode
+    assert not any("decoder.position_encoding" in name for name, _ in model.named_parameters())
+
+
+def test_unknown_solver_is_a_clear_error():
+    with pytest.raises(ValueError, match="--floater-solver 'rk5' is not a torchdiffeq method"):
+        floater("--floater-solver", "rk5")
+
+
+def _save(model, path):
+    torch.save({"model": model.state_dict()}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("vanilla_arch", ["transformer_posenc", "transformer"])
+def test_warm_start_is_exactly_the_vanilla_model(tmp_path, vanilla_arch):
+    vanilla = build_model(vanilla_arch, "--dropout", "0.0", seed=5)
+    path = _save(vanilla, tmp_path / "vanilla.pt")
+    warm = floater("--dropout", "0.0", "--floater-init-from", path)
+    src, lengths, prev = toy_batch(vanilla.encoder.dictionary, [9, 5, 7], tgt_len=8)
+    vanilla.train(), warm.train()
+    torch.testing.assert_close(full_log_probs(warm, src, lengths, prev), full_log_probs(vanilla, src, lengths, prev),
+                               atol=1e-5, rtol=1e-5)
+    vanilla.eval(), warm.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(incremental_log_probs(warm, src, lengths, prev),
+                                   incremental_log_probs(vanilla, src, lengths, prev), atol=1e-5, rtol=1e-5)
+    # and it is a FLOATER model that can move away from the vanilla one: gradients reach h and p(0)
+    warm.train()
+    full_log_probs(warm, src, lengths, prev).logsumexp(-1).sum().backward()
+    assert warm.encoder.position_encoding.ode.initial.grad.abs().sum() > 0
+
+
+def test_warm_start_refuses_a_model_of_another_size(tmp_path):
+    path = _save(build_model("transformer_posenc", "--encoder-ffn-embed-dim", "48"), tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"not a sinusoidal Transformer of this model's size \(different shape: "
+                                         r"encoder.layers.0.fc1.weight"):
+        floater("--floater-init-from", path)
+    with pytest.raises(FileNotFoundError, match="--floater-init-from: no checkpoint at"):
+        floater("--floater-init-from", str(tmp_path / "missing.pt"))
+
+
+def _record_solves(ode):
+    calls = []
+    solve = ode._solve
+
+    def recording(y0, start, end):
+        calls.append((start, end))
+        return solve(y0, start, end)
+
+    ode._solve = recording
+    return calls
+
+
+def test_training_forward_solves_once_for_all_blocks_and_sentences():
+    model = floater().train()
+    calls = _record_solves(model.encoder.position_encoding.ode)
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5, 7], tgt_len=6)
+    model(src, lengths, prev)  # 2 + 2 layers, 3 sentences, target shorter than source
+    assert calls == [(0, 9)]
+    model(src, lengths, prev)  # a new forward solves again (the parameters may have changed)
+    assert calls == [(0, 9), (0, 9)]
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [5, 4], tgt_len=12)
+    model(src, lengths, prev)  # a longer target extends the solution, from where it ended
+    assert calls[2:] == [(0, 5), (4, 12)]
+
+
+@torch.no_grad()
+def test_extending_a_solution_equals_solving_from_zero():
+    model = with_strong_positions(floater())
+    ode = model.encoder.position_encoding.ode
+    short = ode.positions(70).clone()  # at least 64 positions are kept
+    extended = ode.positions(300)
+    fresh = ode._solve(ode.initial, 0, 300)
+    assert extended.shape[0] >= 300
+    # the same trajectory up to float32 rounding, relative to the size of the solution
+    assert (extended[:300] - fresh).abs().max() / fresh.abs().max() < 1e-5
+    torch.testing.assert_close(extended[:70], short[:70])
+
+
+@torch.no_grad()
+def test_decoding_from_a_checkpoint_does_no_ode_work_for_lengths_already_solved():
+    trained = with_strong_positions(floater())
+    trained.train()
+    src, lengths, prev = toy_batch(trained.encoder.dictionary, [9, 5, 7], tgt_len=8)
+    with torch.enable_grad():
+        trained(src, lengths, prev)  # a training step solves for 9 positions
+    state = trained.state_dict()  # the checkpoint carries the solution of its parameters
+    assert state["encoder.position_encoding.ode.solution"].shape[0] >= 9
+
+    loaded = floater(seed=2)
+    loaded.load_state_dict(state)
+    loaded.eval()
+    calls = _record_solves(loaded.encoder.position_encoding.ode)
+    out = incremental_log_probs(loaded, src, lengths, prev)
+    assert calls == []
+    fresh = loaded.encoder.position_encoding.ode._solve(loaded.encoder.position_encoding.ode.initial, 0, 9)
+    torch.testing.assert_close(state["encoder.position_encoding.ode.solution"][:9], fresh, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out, full_log_probs(loaded, src, lengths, prev), atol=1e-5, rtol=1e-5)
+    long_src, long_lengths, long_prev = toy_batch(loaded.encoder.dictionary, [100], tgt_len=3)
+    calls.clear()
+    loaded(long_src, long_lengths, long_prev)
+    stored = state["encoder.position_encoding.ode.solution"].shape[0]
+    assert calls == [(stored - 1, max(100, 2 * stored))]  # extended, not solved from 0
+
+
+@torch.no_grad()
+def test_changed_parameters_invalidate_the_kept_solution():
+    model = with_strong_positions(floater())
+    ode = model.encoder.position_encoding.ode
+    calls = _record_solves(ode)
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9], tgt_len=4)
+    model(src, lengths, prev)
+    model(src, lengths, prev)
+    assert len(calls) == 1
+    ode.initial.add_(0.1)
+    model(src, lengths, prev)
+    assert len(calls) == 2
