@@ -48,17 +48,25 @@ class FloaterConfig:
 
 
 class Dynamics(nn.Module):
-    """h(t, p) = W2 [t; relu(W1 [t; p])]: two linear layers, each seeing the time."""
+    """h(t, p) = W2 [t; relu(W1 [t; p])]: two linear layers, each seeing the time.
+
+    The time column of each weight is its own parameter (``time1``, ``time2``), so that the
+    solver's inner loop needs no concatenation and no slicing of weights, whose backward would
+    materialise a full-size gradient at every step.
+    """
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.fc1 = nn.Linear(dim + 1, hidden)
-        self.fc2 = nn.Linear(hidden + 1, dim)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        # initialised as nn.Linear(dim + 1, hidden) and nn.Linear(hidden + 1, dim) would be
+        self.time1 = nn.Parameter(torch.empty(hidden).uniform_(-1, 1) / (dim + 1) ** 0.5)
+        self.time2 = nn.Parameter(torch.empty(dim).uniform_(-1, 1) / (hidden + 1) ** 0.5)
 
     def forward(self, t: Tensor, p: Tensor) -> Tensor:
-        time = t.to(p.dtype).expand(p.shape[:-1] + (1,))
-        hidden = torch.relu(self.fc1(torch.cat([time, p], dim=-1)))
-        return self.fc2(torch.cat([time, hidden], dim=-1))
+        t = t.to(p.dtype)
+        hidden = torch.relu(torch.addmm(self.fc1.bias + t * self.time1, p, self.fc1.weight.t()))
+        return torch.addmm(self.fc2.bias + t * self.time2, hidden, self.fc2.weight.t())
 
 
 class FloaterODE(nn.Module):
@@ -221,21 +229,27 @@ class FloaterPositionEncoding(PositionEncoding):
             return 3 * self.encoder_layers + 3 * layer + projection
         return 3 * self.encoder_layers + 3 * self.decoder_layers + 2 * layer + projection - 1
 
-    def _bias(self, solution: Tensor, state: int, positions: Tensor, like: Tensor) -> Tensor:
-        # (n, states, H * D) -> (B or 1, T, H, D) -> (B or 1, H, T, D)
-        bias = solution[:, state][positions]
-        return bias.view(*positions.shape, self.num_heads, self.head_dim).transpose(1, 2).to(like.dtype)
+    def _rows(self, role: str, positions: Tensor, pos, like: Tensor) -> Tensor:
+        """The solution at ``positions`` for every block, gathered once per forward and shared
+        by the layers: (B or 1, T, states, H * D)."""
+        def gather():
+            return self.solver.positions(pos.k_frame.numel())[positions].to(like.dtype)
+
+        return self.shared(("floater", role, pos.padded) + pos.key, gather)
+
+    def _bias(self, rows: Tensor, state: int) -> Tensor:
+        # (B or 1, T, H * D) -> (B or 1, H, T, D)
+        bias = rows[:, :, state]
+        return bias.view(*bias.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
 
     def transform_qkv(self, layer, role, q, k, v, pos):
         if role == "self":
-            solution = self.solver.positions(pos.k_frame.numel())
-            return tuple(x + self._bias(solution, self._state(layer, role, i), pos.q, x)
-                         for i, x in enumerate((q, k, v)))
+            rows = self._rows(role, pos.q, pos, q)
+            return tuple(x + self._bias(rows, self._state(layer, role, i)) for i, x in enumerate((q, k, v)))
         if k is None:  # the encoder's keys and values are cached, biases included
             return q, k, v
-        solution = self.solver.positions(pos.k_frame.numel())
-        return (q,) + tuple(x + self._bias(solution, self._state(layer, role, i), pos.k, x)
-                            for i, x in ((1, k), (2, v)))
+        rows = self._rows(role, pos.k, pos, k)
+        return (q,) + tuple(x + self._bias(rows, self._state(layer, role, i)) for i, x in ((1, k), (2, v)))
 
 
 def warm_start(model, path: str):

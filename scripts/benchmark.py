@@ -1,0 +1,239 @@
+#!/usr/bin/env python
+"""Speed and memory of every position encoding against fairseq's stock transformer, measured in
+one run on the same data shapes, reported as ratios.
+
+    python scripts/benchmark.py --quick                 # < 2 minutes on 2 CPU cores
+    python scripts/benchmark.py --size base --lengths 32 128 512 --batch-sizes 8 32
+
+Training step = forward + backward + Adam step on random token batches (source and target of the
+same length). Decoding = fairseq's beam search (beam 4) forced to a fixed output length, so that
+every model does the same work. Timings are medians over --repeats, taken round-robin across the
+models so that machine noise hits them alike. Memory is the peak growth of torch's allocations
+during one training step at the largest shape (the profiler's record on CPU, the allocator's on
+a GPU).
+On a GPU the timings are repeated in bf16 and fp16.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fairseq.data import Dictionary  # noqa: E402
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY  # noqa: E402
+from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+
+from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
+
+SIZES = {
+    "tiny": dict(layers=2, dim=128, ffn=256, heads=4),
+    "small": dict(layers=3, dim=256, ffn=1024, heads=4),
+    "base": dict(layers=6, dim=512, ffn=2048, heads=8),
+}
+STOCK = "stock transformer"
+
+
+class _Task:
+    def __init__(self, vocab):
+        d = Dictionary()
+        for i in range(vocab):
+            d.add_symbol(f"w{i}")
+        self.source_dictionary = self.target_dictionary = d
+
+
+def build(name, size, task, max_positions):
+    s = SIZES[size]
+    flags = ["--encoder-layers", s["layers"], "--decoder-layers", s["layers"], "--encoder-embed-dim", s["dim"],
+             "--decoder-embed-dim", s["dim"], "--encoder-ffn-embed-dim", s["ffn"], "--decoder-ffn-embed-dim",
+             s["ffn"], "--encoder-attention-heads", s["heads"], "--decoder-attention-heads", s["heads"],
+             "--share-all-embeddings", "--dropout", "0.1"]
+    arch = "transformer" if name == STOCK else "transformer_posenc"
+    if name != STOCK:
+        flags += ["--position-encoding", name]
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    ARCH_MODEL_REGISTRY[arch].add_args(parser)
+    args = parser.parse_args([str(f) for f in flags])
+    args.arch = arch
+    args.max_source_positions = args.max_target_positions = max_positions
+    ARCH_CONFIG_REGISTRY[arch](args)
+    torch.manual_seed(1)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+
+
+def batch(task, bsz, length, device, seed=0):
+    d = task.source_dictionary
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(d.nspecial, len(d), (bsz, length), generator=g)
+    src[:, -1] = d.eos()
+    tgt = torch.randint(d.nspecial, len(d), (bsz, length), generator=g)
+    prev = torch.cat([torch.full((bsz, 1), d.eos()), tgt[:, :-1]], dim=1)
+    return src.to(device), torch.full((bsz,), length, device=device), prev.to(device), tgt.to(device)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_step(model, optimizer, data, dtype):
+    src, lengths, prev, tgt = data
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=src.device.type, dtype=dtype, enabled=dtype != torch.float32):
+        logits, _ = model(src, lengths, prev)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.view(-1))
+    loss.backward()
+    optimizer.step()
+
+
+def time_round_robin(fns, repeats, device):
+    """{name: median seconds} for each callable, run once to warm up, then in turns."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def decode_fn(model, task, sentences, src_len, out_len, beam, device, dtype):
+    d = task.target_dictionary
+    generator = SequenceGenerator([model], d, beam_size=beam, max_len_a=0, max_len_b=out_len, min_len=out_len)
+    src, lengths, _, _ = batch(task, sentences, src_len, device, seed=1)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+    def run():
+        with torch.no_grad(), torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32):
+            generator.forward(sample)
+
+    return run
+
+
+def peak_memory_mb(model, optimizer, data, device):
+    """Peak growth of memory allocated by torch during one (warm) training step, in MiB."""
+    train_step(model, optimizer, data, torch.float32)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        train_step(model, optimizer, data, torch.float32)
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    # On CPU torch keeps no allocator statistics: replay the profiler's allocation events.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        train_step(model, optimizer, data, torch.float32)
+    current = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        current += event.self_cpu_memory_usage
+        peak = max(peak, current)
+    return peak / 2**20
+
+
+def ratio(value, reference):
+    return round(value / reference, 3) if reference else None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, short shapes: under 2 minutes on 2 cores")
+    parser.add_argument("--size", choices=list(SIZES), default="small", help="model size (all models the same)")
+    parser.add_argument("--encodings", nargs="+", default=list(POSITION_ENCODINGS), choices=list(POSITION_ENCODINGS))
+    parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512], help="source = target lengths")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32], help="sentences per batch")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
+    parser.add_argument("--decode-sentences", type=int, default=16)
+    parser.add_argument("--decode-length", type=int, default=32, help="source length and forced output length")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--max-positions", type=int, default=1024)
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak memory measurement")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: torch's)")
+    parser.add_argument("--output", default="benchmark_output/benchmark.json", help="where to write the JSON")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.size, args.lengths, args.batch_sizes, args.repeats = "tiny", [32, 128], [8], 3
+        args.decode_sentences, args.decode_length = 8, 16
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if device.type == "cuda" else [])
+    task = _Task(args.vocab)
+    names = [STOCK] + [e for e in args.encodings]
+    models = {name: build(name, args.size, task, args.max_positions).to(device) for name in names}
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-5) for name, m in models.items()}
+    params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+    print(f"| {device.type}, {torch.get_num_threads()} threads, size {args.size} {SIZES[args.size]}, "
+          f"models: {', '.join(names)}", flush=True)
+
+    results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+               "threads": torch.get_num_threads(), "size": args.size, "config": SIZES[args.size],
+               "parameters": params, "train": [], "decode": [], "memory_mib": {}}
+    for dtype in dtypes:
+        dname = str(dtype).replace("torch.", "")
+        for bsz in args.batch_sizes:
+            for length in args.lengths:
+                for m in models.values():
+                    m.train()
+                data = batch(task, bsz, length, device)
+                fns = {n: (lambda n=n: train_step(models[n], optimizers[n], data, dtype)) for n in names}
+                secs = time_round_robin(fns, args.repeats, device)
+                results["train"].append({"dtype": dname, "batch": bsz, "length": length,
+                                         "seconds": secs})
+                print(f"| train {dname} batch {bsz} x {length}: " + ", ".join(
+                    f"{n} {1000 * s:.1f} ms" for n, s in secs.items()), flush=True)
+        for m in models.values():
+            m.eval()
+        fns = {n: decode_fn(models[n], task, args.decode_sentences, args.decode_length, args.decode_length,
+                            args.beam, device, dtype) for n in names}
+        secs = time_round_robin(fns, args.repeats, device)
+        results["decode"].append({"dtype": dname, "sentences": args.decode_sentences,
+                                  "tokens": args.decode_sentences * args.decode_length, "seconds": secs})
+        print(f"| decode {dname} beam {args.beam}: " + ", ".join(
+            f"{n} {args.decode_sentences / s:.1f} sent/s" for n, s in secs.items()), flush=True)
+    if not args.no_memory:
+        length, bsz = max(args.lengths), max(args.batch_sizes)
+        data = batch(task, bsz, length, device)
+        for name in names:
+            models[name].train()
+            results["memory_mib"][name] = round(peak_memory_mb(models[name], optimizers[name], data, device), 1)
+        print(f"| peak memory growth of a training step, batch {bsz} x {length}: " + ", ".join(
+            f"{n} {v:.0f} MiB" for n, v in results["memory_mib"].items()), flush=True)
+
+    print_table(results, names)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"| wrote {args.output}")
+
+
+def print_table(results, names):
+    """One row per model: ratios to the stock transformer and to the plugin's sinusoidal."""
+    fp32 = [r for r in results["train"] if r["dtype"] == "float32"]
+    header = ["model", "params"] + [f"train {r['batch']}x{r['length']}" for r in fp32] + ["decode"]
+    if results["memory_mib"]:
+        header.append("memory")
+    print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    decode = next(r for r in results["decode"] if r["dtype"] == "float32")["seconds"]
+    for name in names:
+        cells = [name, f"{results['parameters'][name] / 1e6:.2f}M"]
+        for r in fp32 + [{"seconds": decode}]:
+            s = r["seconds"]
+            cells.append(f"{ratio(s[name], s[STOCK])}x / {ratio(s[name], s.get('sinusoidal'))}x")
+        if results["memory_mib"]:
+            mem = results["memory_mib"]
+            cells.append(f"{mem[name]:.0f} MiB ({ratio(mem[name], mem[STOCK])}x)")
+        print("| " + " | ".join(cells) + " |")
+    print("\nratios: time / stock transformer's / the plugin's sinusoidal's (lower is faster)")
+
+
+if __name__ == "__main__":
+    main()
