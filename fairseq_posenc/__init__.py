@@ -3,4 +3,4 @@ from . import compat
 
 compat.apply()
 
-from . import models  # noqa: E402,F401  (registers with fairseq on import)
+from . import criterions, models  # noqa: E402,F401  (register with fairseq on import)

@@ -1,0 +1,1 @@
+from . import relation_distillation  # noqa: F401  (registers the criterion)

@@ -1,0 +1,210 @@
+"""MiniLMv2 self-attention relation distillation (Wang et al., 2020) for translation models.
+
+Label-smoothed cross-entropy plus, for each chosen relation (Q-Q, K-K, V-V) of the encoder's and
+the decoder's self-attention, KL(teacher || student) between relation distributions: the heads'
+vectors are concatenated and re-split into ``--relation-heads`` heads of size d_r, and
+relation = softmax(A A^T / sqrt(d_r)) with padding (and, in the decoder, the future) masked.
+Teacher and student may differ in depth, width, head count and position encoding; they share
+the dictionaries and the number of relation heads.
+
+The vectors are the layers' query/key/value projections of the self-attention input, before any
+position term (RoPE rotation, FLOATER bias), so that models with different encodings compare.
+"""
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq import metrics, utils
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+from torch import Tensor
+
+RELATIONS = {"qq": "q_proj", "kk": "k_proj", "vv": "v_proj"}
+SITES = {"enc": "encoder", "dec": "decoder"}
+
+
+def relation_log_probs(x: Tensor, heads: int, key_padding_mask: Tensor, causal: bool) -> Tensor:
+    """log softmax(A A^T / sqrt(d_r)) per relation head: x (B, T, C) -> (B, heads, T, T).
+
+    ``key_padding_mask`` (B, T) is True at padding; masked keys get probability 0.
+    """
+    bsz, length, width = x.shape
+    if width % heads:
+        raise ValueError(f"--relation-heads {heads} does not divide the attention width {width}; "
+                         f"choose a divisor of {width}")
+    # (B, T, C) -> (B, R, T, d_r)
+    a = x.float().view(bsz, length, heads, width // heads).transpose(1, 2)
+    logits = torch.matmul(a, a.transpose(-1, -2)) / math.sqrt(width // heads)
+    blocked = key_padding_mask[:, None, None, :]
+    if causal:
+        blocked = blocked | torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
+    # a finite fill: masked entries get exactly 0 probability and never produce NaN
+    return F.log_softmax(logits.masked_fill(blocked, -1e9), dim=-1)
+
+
+def relation_kl(teacher: Tensor, student: Tensor, heads: int, padding_mask: Tensor,
+                causal: bool) -> Tuple[Tensor, Tensor]:
+    """Sum over real query positions of the mean over relation heads of KL(teacher || student),
+    and the number of real query positions. ``teacher`` (B, T, C_t), ``student`` (B, T, C_s)."""
+    log_t = relation_log_probs(teacher, heads, padding_mask, causal)
+    log_s = relation_log_probs(student, heads, padding_mask, causal)
+    kl = (log_t.exp() * (log_t - log_s)).sum(-1).mean(1)  # (B, T)
+    real = ~padding_mask
+    return kl.masked_select(real).sum(), real.sum()
+
+
+class SelfAttentionInputs:
+    """Records the input of one self-attention layer per site, and projects it on demand."""
+
+    def __init__(self, model, layers: Dict[str, int]):
+        self.inputs: Dict[str, Tensor] = {}
+        self.attention = {}
+        for site, index in layers.items():
+            stack = getattr(model, SITES[site])
+            count = len(stack.layers)
+            if not -count <= index < count:
+                raise ValueError(f"layer {index} does not exist: the {SITES[site]} has {count} layers")
+            attention = stack.layers[index].self_attn
+            attention.register_forward_pre_hook(self._recorder(site), with_kwargs=True)
+            self.attention[site] = attention
+
+    def _recorder(self, site):
+        def record(module, args, kwargs):
+            x = kwargs["query"] if "query" in kwargs else args[0]
+            self.inputs[site] = x.transpose(0, 1)  # (T, B, C) -> (B, T, C)
+
+        return record
+
+    def project(self, site: str, relation: str) -> Tensor:
+        projection = getattr(self.attention[site], RELATIONS[relation])
+        return F.linear(self.inputs[site], projection.weight, projection.bias)
+
+
+@dataclass
+class RelationDistillationConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    teacher_path: Optional[str] = field(
+        default=None, metadata={"help": "checkpoint of the teacher (any plugin architecture, same dictionaries)"}
+    )
+    relation_heads: int = field(default=48, metadata={"help": "relation heads A_r, shared by teacher and student"})
+    relations: str = field(default="qq,kk,vv", metadata={"help": "comma-separated relations among qq, kk, vv"})
+    relation_weight: float = field(default=1.0, metadata={"help": "weight of the relation loss"})
+    no_encoder_relations: bool = field(default=False, metadata={"help": "do not distil encoder self-attention"})
+    no_decoder_relations: bool = field(default=False, metadata={"help": "do not distil decoder self-attention"})
+    teacher_encoder_layer: int = field(default=-1, metadata={"help": "teacher encoder layer (default: last)"})
+    teacher_decoder_layer: int = field(default=-1, metadata={"help": "teacher decoder layer (default: last)"})
+    student_encoder_layer: int = field(default=-1, metadata={"help": "student encoder layer (default: last)"})
+    student_decoder_layer: int = field(default=-1, metadata={"help": "student decoder layer (default: last)"})
+
+
+@register_criterion("relation_distillation", dataclass=RelationDistillationConfig)
+class RelationDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
+                 teacher_path=None, relation_heads=48, relations="qq,kk,vv", relation_weight=1.0,
+                 no_encoder_relations=False, no_decoder_relations=False, teacher_encoder_layer=-1,
+                 teacher_decoder_layer=-1, student_encoder_layer=-1, student_decoder_layer=-1):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        self.relations = [r.strip() for r in relations.split(",") if r.strip()]
+        unknown = set(self.relations) - set(RELATIONS)
+        if unknown or not self.relations:
+            raise ValueError(f"--relations takes a comma-separated subset of {', '.join(RELATIONS)}, got {relations!r}")
+        if relation_heads <= 0:
+            raise ValueError(f"--relation-heads must be positive, got {relation_heads}")
+        self.sites = [s for s, off in (("enc", no_encoder_relations), ("dec", no_decoder_relations)) if not off]
+        if not self.sites:
+            raise ValueError("--no-encoder-relations and --no-decoder-relations leave nothing to distil")
+        self.heads, self.weight = relation_heads, relation_weight
+        self.teacher_layers = {"enc": teacher_encoder_layer, "dec": teacher_decoder_layer}
+        self.student_layers = {"enc": student_encoder_layer, "dec": student_decoder_layer}
+        teacher = load_teacher(teacher_path, task)
+        # A plain tuple: the teacher is neither trained, nor saved with the criterion, nor put
+        # in training mode by criterion.train().
+        self._teacher = (teacher, SelfAttentionInputs(teacher, {s: self.teacher_layers[s] for s in self.sites}))
+        self._student = None
+
+    def forward(self, model, sample, reduce=True):
+        student_inputs = self._hook_student(model)
+        net_output = model(**sample["net_input"])
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {"loss": loss.data, "nll_loss": nll_loss.data, "ce_loss": loss.data,
+                          "ntokens": sample["ntokens"], "nsentences": sample["target"].size(0),
+                          "sample_size": sample_size}
+
+        teacher, teacher_inputs = self._teacher
+        param = next(model.parameters())
+        teacher.to(device=param.device, dtype=param.dtype)
+        with torch.no_grad():
+            teacher(**sample["net_input"])
+        masks = {"enc": sample["net_input"]["src_tokens"].eq(self.padding_idx),
+                 "dec": sample["net_input"]["prev_output_tokens"].eq(self.padding_idx)}
+        for site in self.sites:
+            for relation in self.relations:
+                with torch.no_grad():
+                    target = teacher_inputs.project(site, relation)
+                kl_sum, rows = relation_kl(target, student_inputs.project(site, relation), self.heads,
+                                           masks[site], causal=site == "dec")
+                loss = loss + self.weight * kl_sum / rows.clamp(min=1) * sample_size
+                logging_output[f"rel_{site}_{relation}"] = kl_sum.data
+                logging_output[f"rel_{site}_rows"] = rows.data
+        logging_output["loss"] = loss.data
+        return loss, sample_size, logging_output
+
+    def _hook_student(self, model) -> SelfAttentionInputs:
+        if self._student is None or self._student[0] is not model:
+            self._student = (model, SelfAttentionInputs(model, {s: self.student_layers[s] for s in self.sites}))
+        return self._student[1]
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        ce = sum(log.get("ce_loss", 0) for log in logging_outputs)
+        metrics.log_scalar("ce_loss", ce / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        keys = {k for log in logging_outputs for k in log if k.startswith("rel_") and not k.endswith("_rows")}
+        for key in sorted(keys):
+            site = key.split("_")[1]
+            rows = sum(utils.item(log.get(f"rel_{site}_rows", 0)) for log in logging_outputs)
+            total = sum(utils.item(log.get(key, 0)) for log in logging_outputs)
+            metrics.log_scalar(key, total / max(rows, 1), rows, round=4)
+
+
+def load_teacher(path: Optional[str], task):
+    """The teacher, frozen, in eval mode; a clear error if it cannot be this data's teacher."""
+    from fairseq import checkpoint_utils
+
+    if not path:
+        raise ValueError("--criterion relation_distillation needs --teacher-path")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--teacher-path: no checkpoint at {path}")
+    state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    for side, dictionary in (("encoder", task.source_dictionary), ("decoder", task.target_dictionary)):
+        rows = state["model"][f"{side}.embed_tokens.weight"].shape[0]
+        if rows != len(dictionary):
+            raise ValueError(f"the teacher {path} has a {side} vocabulary of {rows} entries, the data's "
+                             f"dictionary has {len(dictionary)}: teacher and student must share dictionaries")
+    _check_same_symbols(path, state, task)
+    models, _ = checkpoint_utils.load_model_ensemble([path], task=task, state=state)
+    teacher = models[0].eval()
+    teacher.requires_grad_(False)
+    return teacher
+
+
+def _check_same_symbols(path, state, task):
+    """Where the teacher's training dictionaries are still on disk, their symbols must be the
+    data's, in the same order (same sizes are not enough)."""
+    from fairseq.data import Dictionary
+
+    cfg = state.get("cfg") or {}
+    data = (cfg.get("task") or {}).get("data")
+    for lang, dictionary in ((task.cfg.source_lang, task.source_dictionary),
+                             (task.cfg.target_lang, task.target_dictionary)):
+        own = os.path.join(str(data).split(os.pathsep)[0], f"dict.{lang}.txt") if data and lang else None
+        if own and os.path.isfile(own) and Dictionary.load(own).symbols != dictionary.symbols:
+            raise ValueError(f"the teacher {path} was trained with a different {lang} dictionary ({own}): "
+                             "teacher and student must share dictionaries")

@@ -1,0 +1,164 @@
+"""The relation_distillation criterion: MiniLMv2's relations for encoder-decoder translation."""
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+from fairseq.models import ARCH_MODEL_REGISTRY
+
+from fairseq_posenc import pipeline, toy_data
+from fairseq_posenc.criterions.relation_distillation import (
+    RelationDistillationCriterion,
+    relation_kl,
+    relation_log_probs,
+)
+from toy import model_args
+
+TEACHER = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+           "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+           "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+STUDENT = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+           "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+           "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distil")
+    prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (600, 3, 10), "valid": (40, 3, 10)})
+    data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
+    pipeline.train(data_bin, str(root / "teacher"), [
+        "--arch", "transformer_posenc", "--position-encoding", "t5", "--cpu", *TEACHER, "--share-all-embeddings",
+        "--optimizer", "adam", "--lr", "2e-3", "--max-tokens", "1000", "--max-update", "40",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--no-epoch-checkpoints", "--no-progress-bar", "--seed", "1", "--num-workers", "0"])
+    teacher_path = str(root / "teacher" / "checkpoint_last.pt")
+    _, _, task = checkpoint_utils.load_model_ensemble_and_task([teacher_path])
+    task.load_dataset("valid")
+    dataset = task.dataset("valid")
+    sample = dataset.collater([dataset[i] for i in range(6)])
+    return {"root": root, "bin": data_bin, "teacher": teacher_path, "task": task, "sample": sample}
+
+
+def criterion(setup, **kw):
+    return RelationDistillationCriterion(setup["task"], False, 0.1, teacher_path=setup["teacher"],
+                                         **{"relation_heads": 4, **kw})
+
+
+def student(setup, *flags, encoding="sinusoidal", seed=3):
+    torch.manual_seed(seed)
+    args = model_args("transformer_posenc", "--position-encoding", encoding, *flags, max_positions=1024)
+    return ARCH_MODEL_REGISTRY["transformer_posenc"].build_model(args, setup["task"])
+
+
+def relation_losses(crit, model, sample):
+    _, _, log = crit(model, sample)
+    return {k: (log[k] / log[f"rel_{k.split('_')[1]}_rows"]).item() for k in log
+            if k.startswith("rel_") and not k.endswith("_rows")}
+
+
+def test_relation_loss_is_zero_for_a_copy_of_the_teacher(setup):
+    crit = criterion(setup)
+    teacher = crit._teacher[0]
+    copy = ARCH_MODEL_REGISTRY["transformer_posenc"].build_model(teacher.args, setup["task"])
+    copy.load_state_dict(teacher.state_dict())
+    copy.eval()  # as the teacher: no dropout
+    losses = relation_losses(crit, copy, setup["sample"])
+    assert sorted(losses) == ["rel_dec_kk", "rel_dec_qq", "rel_dec_vv", "rel_enc_kk", "rel_enc_qq", "rel_enc_vv"]
+    assert max(abs(v) for v in losses.values()) < 1e-6
+
+
+def test_relation_loss_is_positive_for_another_student(setup):
+    losses = relation_losses(criterion(setup), student(setup, *STUDENT), setup["sample"])
+    assert min(losses.values()) > 1e-3
+
+
+def test_relation_loss_does_not_depend_on_the_students_head_count(setup):
+    # one layer: the self-attention input is the embedding, the same for both students
+    four = student(setup, *STUDENT, "--encoder-attention-heads", "4", "--decoder-attention-heads", "4")
+    one = student(setup, *STUDENT, "--encoder-attention-heads", "1", "--decoder-attention-heads", "1")
+    one.load_state_dict(four.state_dict())
+    four.eval(), one.eval()
+    crit = criterion(setup)
+    a, b = relation_losses(crit, four, setup["sample"]), relation_losses(crit, one, setup["sample"])
+    for key in a:
+        assert a[key] == pytest.approx(b[key], abs=1e-6)
+
+
+def test_no_gradient_reaches_the_teacher(setup):
+    crit = criterion(setup)
+    model = student(setup, *STUDENT)
+    loss, _, _ = crit(model, setup["sample"])
+    loss.backward()
+    teacher = crit._teacher[0]
+    assert not teacher.training
+    assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+    assert model.encoder.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+    assert "teacher" not in str(list(crit.state_dict()))  # not saved with the student's checkpoints
+
+
+def test_padding_and_future_positions_contribute_nothing():
+    g = torch.Generator().manual_seed(0)
+    t, s = torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)
+    pad = torch.tensor([[True, True, False, False, False], [False] * 5])
+    # padded keys get no probability, padded queries no weight: the padded sentence scores as if alone
+    total, rows = relation_kl(t, s, 2, pad, causal=False)
+    alone0 = relation_kl(t[:1, 2:], s[:1, 2:], 2, pad[:1, 2:], causal=False)
+    alone1 = relation_kl(t[1:], s[1:], 2, pad[1:], causal=False)
+    assert rows.item() == 8
+    torch.testing.assert_close(total, alone0[0] + alone1[0])
+    # in the decoder, changing a later position changes no earlier row
+    causal = relation_log_probs(s, 2, torch.zeros(2, 5, dtype=torch.bool), causal=True)
+    s2 = s.clone()
+    s2[:, 4] += 1.0
+    changed = relation_log_probs(s2, 2, torch.zeros(2, 5, dtype=torch.bool), causal=True)
+    torch.testing.assert_close(changed[:, :, :4], causal[:, :, :4])
+    assert causal.exp()[:, :, 1, 2:].abs().max() == 0  # no probability on the future
+
+
+def test_relation_heads_must_divide_both_widths(setup):
+    with pytest.raises(ValueError, match="--relation-heads 48 does not divide the attention width 32"):
+        criterion(setup, relation_heads=48)(student(setup, *STUDENT), setup["sample"])
+
+
+def test_a_teacher_with_another_dictionary_is_refused(setup, tmp_path):
+    state = torch.load(setup["teacher"], map_location="cpu")
+    for side in ("encoder", "decoder"):
+        key = f"{side}.embed_tokens.weight"
+        state["model"][key] = torch.cat([state["model"][key], state["model"][key][:1]])
+    torch.save(state, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="has a encoder vocabulary of .* entries, the data's dictionary has"):
+        RelationDistillationCriterion(setup["task"], False, 0.1, teacher_path=str(tmp_path / "other.pt"))
+
+
+def test_fairseq_train_with_relation_distillation_lowers_the_relation_loss(setup):
+    save_dir = str(setup["root"] / "student")
+    log = pipeline.train(setup["bin"], save_dir, [
+        "--arch", "transformer_posenc", "--position-encoding", "rope", "--cpu", *STUDENT, "--share-all-embeddings",
+        "--criterion", "relation_distillation", "--teacher-path", setup["teacher"], "--relation-heads", "4",
+        "--relation-weight", "5", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--lr", "3e-3", "--max-tokens", "1000", "--max-update", "60",
+        "--no-epoch-checkpoints", "--no-progress-bar", "--log-format", "simple", "--log-interval", "10",
+        "--seed", "1", "--num-workers", "0"])
+    inner = [line for line in log.splitlines() if "| train_inner |" in line]
+    values = [float(re.search(r"rel_enc_qq=([0-9.]+)", line).group(1)) for line in inner]
+    assert len(values) == 6, log[-2000:]  # every 10 of 60 updates
+    print("rel_enc_qq over training:", values)
+    assert values[-1] < 0.7 * values[0]
+    assert all(re.search(r"ce_loss=[0-9.]+,", line) for line in inner)
+
+
+def test_distillation_recipe_runs_offline(setup):
+    recipe = os.path.join(os.path.dirname(pipeline.USER_DIR), "recipes", "distillation", "distill.sh")
+    out = setup["root"] / "recipe"
+    env = {**os.environ, "DATA_BIN": setup["bin"], "TEACHER": setup["teacher"], "OUT": str(out), "ENC": "alibi",
+           "STUDENT_FLAGS": " ".join(STUDENT), "RELATION_HEADS": "4", "MAX_EPOCH": "2", "AVERAGE": "2",
+           "MAX_TOKENS": "1000", "UPDATE_FREQ": "1", "EXTRA_FLAGS": "--cpu --num-workers 0"}
+    proc = subprocess.run(["bash", recipe], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    averaged = torch.load(out / "averaged.pt", map_location="cpu")
+    assert averaged["cfg"]["model"].position_encoding == "alibi"
+    assert averaged["cfg"]["criterion"]["_name"] == "relation_distillation"
+    assert averaged["model"]["encoder.embed_tokens.weight"].shape[1] == 16  # the student's width
