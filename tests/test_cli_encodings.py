@@ -10,10 +10,7 @@ from fairseq.data import Dictionary
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
-
-TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+from toy import TINY
 
 
 @pytest.fixture(scope="module")

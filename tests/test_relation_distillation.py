@@ -14,11 +14,9 @@ from fairseq_posenc.criterions.relation_distillation import (
     relation_kl,
     relation_log_probs,
 )
-from toy import model_args
+from toy import TINY, model_args
 
-TEACHER = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-           "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-           "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+TEACHER = TINY  # 2 + 2 layers, d=32, 4 heads
 STUDENT = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
            "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
            "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]

@@ -11,21 +11,21 @@ from fairseq.modules.transformer_layer import (
 from .positional_attention import PositionalAttention
 
 
-def _head_dim(cfg):
-    return getattr(cfg, "attention_head_dim", None)
+def _attention(layer, cfg, embed_dim: int, num_heads: int, **kwargs) -> PositionalAttention:
+    return PositionalAttention(
+        embed_dim,
+        num_heads,
+        head_dim=getattr(cfg, "attention_head_dim", None),
+        dropout=cfg.attention_dropout,
+        q_noise=layer.quant_noise,
+        qn_block_size=layer.quant_noise_block_size,
+        **kwargs,
+    )
 
 
 class PosencEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
-        return PositionalAttention(
-            embed_dim,
-            cfg.encoder.attention_heads,
-            head_dim=_head_dim(cfg),
-            dropout=cfg.attention_dropout,
-            self_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+        return _attention(self, cfg, embed_dim, cfg.encoder.attention_heads, self_attention=True)
 
 
 class PosencDecoderLayer(TransformerDecoderLayerBase):
@@ -35,25 +35,15 @@ class PosencDecoderLayer(TransformerDecoderLayerBase):
                 "transformer_posenc does not support --cross-self-attention or "
                 "bias/zero key-value attention in the decoder"
             )
-        return PositionalAttention(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            head_dim=_head_dim(cfg),
-            dropout=cfg.attention_dropout,
-            self_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+        return _attention(self, cfg, embed_dim, cfg.decoder.attention_heads, self_attention=True)
 
     def build_encoder_attention(self, embed_dim, cfg):
-        return PositionalAttention(
+        return _attention(
+            self,
+            cfg,
             embed_dim,
             cfg.decoder.attention_heads,
-            head_dim=_head_dim(cfg),
             kdim=cfg.encoder.embed_dim,
             vdim=cfg.encoder.embed_dim,
-            dropout=cfg.attention_dropout,
             encoder_decoder_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
         )
