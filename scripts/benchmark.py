@@ -14,6 +14,7 @@ a GPU).
 On a GPU the timings are repeated in bf16 and fp16.
 """
 import argparse
+import logging
 import json
 import os
 import statistics
@@ -23,6 +24,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+# before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
+logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY  # noqa: E402

@@ -6,12 +6,15 @@ report BLEU on sentences as long as the training ones and on longer ones.
     python scripts/demo.py --encodings sinusoidal learned --max-update 500 --out demo_output
 """
 import argparse
+import logging
 import json
 import os
 import shutil
 import sys
 import time
 
+# before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
+logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_posenc import pipeline, toy_data  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402

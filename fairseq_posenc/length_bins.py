@@ -1,0 +1,165 @@
+"""Length generalisation: split a corpus by source length, and score translations per length bin.
+
+FLOATER's protocol (Liu et al., 2020, Sec. 4.3) is the default: train on pairs whose source is
+shorter than 80 tokens, test on the rest binned as [80,100), [100,120), [120,140), [140,inf).
+A "token" is whatever the files hold between spaces (words, or subwords after BPE): the caller
+names it, and every output says which.
+"""
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+DEFAULT_TRAIN_BELOW = 80
+DEFAULT_EDGES = (80, 100, 120, 140)
+
+
+@dataclass(frozen=True)
+class Bin:
+    low: int
+    high: float  # math.inf for the last, open bin
+
+    @property
+    def name(self) -> str:
+        return f"[{self.low},{'inf' if math.isinf(self.high) else int(self.high)})"
+
+    @property
+    def file_tag(self) -> str:
+        return f"{self.low}-{'inf' if math.isinf(self.high) else int(self.high)}"
+
+    def __contains__(self, length: int) -> bool:
+        return self.low <= length < self.high
+
+
+def make_bins(edges: Sequence[int]) -> List[Bin]:
+    """Consecutive bins from increasing ``edges``; the last one is open-ended."""
+    edges = list(edges)
+    if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] < 0:
+        raise ValueError(f"bin edges must be increasing non-negative integers, got {edges}")
+    return [Bin(lo, hi) for lo, hi in zip(edges, edges[1:] + [math.inf])]
+
+
+def bin_of(length: int, bins: Sequence[Bin]):
+    return next((b for b in bins if length in b), None)
+
+
+def read_lines(path: str) -> List[str]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    try:
+        with open(path, encoding="utf-8", errors="strict") as f:
+            return f.read().splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def read_parallel(src_path: str, tgt_path: str) -> Iterator[Tuple[str, str]]:
+    """Line pairs of two files, with clear errors for what a corpus must not be."""
+    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
+    if len(src_lines) != len(tgt_lines):
+        raise ValueError(f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}")
+    if not src_lines:
+        raise ValueError(f"{src_path} is empty")
+    return zip(src_lines, tgt_lines)
+
+
+def split_by_length(src_path: str, tgt_path: str, out_dir: str, src_lang: str, tgt_lang: str,
+                    train_below: int = DEFAULT_TRAIN_BELOW, edges: Sequence[int] = DEFAULT_EDGES,
+                    unit: str = "words") -> Dict:
+    """Write ``train.{src,tgt}`` (source shorter than ``train_below``) and one test pair of files
+    per bin (``long.LOW-HIGH.{src,tgt}``), and ``split.json`` describing them."""
+    bins = make_bins(edges)
+    if train_below > bins[0].low:
+        raise ValueError(f"the training part (< {train_below}) overlaps the first bin {bins[0].name}")
+    os.makedirs(out_dir, exist_ok=True)
+    outputs = {"train": [], **{b.file_tag: [] for b in bins}}
+    for src, tgt in read_parallel(src_path, tgt_path):
+        length = len(src.split())
+        if length < train_below:
+            outputs["train"].append((src, tgt))
+        else:
+            b = bin_of(length, bins)
+            if b is not None:
+                outputs[b.file_tag].append((src, tgt))
+    manifest = {"unit": unit, "train_below": train_below, "source": src_path, "parts": []}
+    for tag, pairs in outputs.items():
+        prefix = os.path.join(out_dir, "train" if tag == "train" else f"long.{tag}")
+        for lang, column in ((src_lang, 0), (tgt_lang, 1)):
+            _write_lines(f"{prefix}.{lang}", [p[column] for p in pairs])
+        manifest["parts"].append({"name": "train" if tag == "train" else next(b.name for b in bins if b.file_tag == tag),
+                                  "prefix": prefix, "sentences": len(pairs)})
+    _write_text(os.path.join(out_dir, "split.json"), json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def bleu_by_bin(sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str],
+                edges: Sequence[int]) -> List[Dict]:
+    """SacreBLEU per source-length bin: [{bin, sentences, bleu, signature}] for non-empty bins."""
+    from sacrebleu.metrics import BLEU
+
+    rows = []
+    for b in make_bins(edges):
+        picked = [i for i, s in enumerate(sources) if len(s.split()) in b]
+        if not picked:
+            continue
+        metric = BLEU()
+        score = metric.corpus_score([hypotheses[i] for i in picked], [[references[i] for i in picked]])
+        rows.append({"bin": b.name, "low": b.low, "sentences": len(picked), "bleu": round(score.score, 2),
+                     "signature": str(metric.get_signature())})
+    return rows
+
+
+def write_report(results: Dict[str, List[Dict]], out_prefix: str, unit: str, title: str = "") -> Dict[str, str]:
+    """``results[model] = bleu_by_bin(...)`` -> Markdown table, JSON and a PNG plot of BLEU
+    against source length, one line per model. Returns the paths written."""
+    bins = sorted({(r["low"], r["bin"]) for rows in results.values() for r in rows})
+    header = ["model"] + [f"{name} ({unit})" for _, name in bins]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for model, rows in results.items():
+        by_bin = {r["bin"]: r for r in rows}
+        lines.append("| " + " | ".join([model] + [
+            f"{by_bin[name]['bleu']:.2f} ({by_bin[name]['sentences']})" if name in by_bin else "-"
+            for _, name in bins]) + " |")
+    signature = next((r["signature"] for rows in results.values() for r in rows), "")
+    markdown = "\n".join(lines) + f"\n\nSacreBLEU per bin of source length in {unit} (sentences in brackets); {signature}\n"
+    paths = {"markdown": out_prefix + ".md", "json": out_prefix + ".json", "plot": out_prefix + ".png"}
+    _write_text(paths["markdown"], markdown)
+    _write_text(paths["json"], json.dumps({"unit": unit, "results": results}, indent=2) + "\n")
+    _plot(results, bins, unit, title, paths["plot"])
+    return paths
+
+
+def _plot(results, bins, unit, title, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    positions = {name: i for i, (_, name) in enumerate(bins)}
+    for model, rows in results.items():
+        ax.plot([positions[r["bin"]] for r in rows], [r["bleu"] for r in rows], marker="o", label=model)
+    ax.set_xticks(range(len(bins)), [name for _, name in bins])
+    ax.set_xlabel(f"source length ({unit})")
+    ax.set_ylabel("SacreBLEU")
+    ax.set_title(title or "BLEU against source length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _write_lines(path: str, lines: Sequence[str]):
+    _write_text(path, "".join(line + "\n" for line in lines))
+
+
+def _write_text(path: str, text: str):
+    """Write atomically: a crash never leaves a truncated file where a good one was."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)

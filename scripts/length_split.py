@@ -1,0 +1,46 @@
+#!/usr/bin/env python
+"""Split a parallel corpus by source length for the short-to-long extrapolation study.
+
+    python scripts/length_split.py --src corpus.en --tgt corpus.de --src-lang en --tgt-lang de \\
+        --out-dir split/ [--train-below 80] [--bins 80 100 120 140] [--unit subwords]
+
+Writes split/train.{en,de} (source shorter than --train-below tokens), one pair of files per
+bin of longer sources (split/long.80-100.{en,de}, ..., the last bin open-ended) and
+split/split.json. A token is whatever stands between spaces in the files: name it with --unit.
+"""
+import argparse
+import logging
+import os
+import sys
+
+# before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
+logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fairseq_posenc.length_bins import DEFAULT_EDGES, DEFAULT_TRAIN_BELOW, split_by_length  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--src", required=True, help="source side, one sentence per line, tokens separated by spaces")
+    parser.add_argument("--tgt", required=True, help="target side, line-aligned with --src")
+    parser.add_argument("--src-lang", required=True)
+    parser.add_argument("--tgt-lang", required=True)
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--train-below", type=int, default=DEFAULT_TRAIN_BELOW,
+                        help="training part: sources shorter than this (default: FLOATER's 80)")
+    parser.add_argument("--bins", type=int, nargs="+", default=list(DEFAULT_EDGES),
+                        help="left edges of the test bins; the last bin is open-ended")
+    parser.add_argument("--unit", default="words", help="what the space-separated tokens are (words, subwords)")
+    args = parser.parse_args(argv)
+    try:
+        manifest = split_by_length(args.src, args.tgt, args.out_dir, args.src_lang, args.tgt_lang,
+                                   args.train_below, args.bins, args.unit)
+    except (OSError, ValueError) as e:
+        parser.exit(2, f"length_split.py: error: {e}\n")
+    for part in manifest["parts"]:
+        print(f"| {part['name']:>12s}: {part['sentences']:7d} sentence pairs -> {part['prefix']}.*")
+    print(f"| source lengths counted in {args.unit}")
+
+
+if __name__ == "__main__":
+    main()
