@@ -1,13 +1,20 @@
 #!/usr/bin/env python
-"""The main job: train small models on a generated toy language pair through fairseq's CLI and
-report BLEU on sentences as long as the training ones and on longer ones.
+"""The main job: a small length-generalisation study, one model per position encoding, trained
+and decoded through fairseq's CLI, on a toy language pair the project generates (or your corpus).
 
-    make demo                                   # defaults below
-    python scripts/demo.py --encodings sinusoidal learned --max-update 500 --out demo_output
+    make demo                                             # every encoding, about 15 minutes on 2 cores
+    python scripts/demo.py --encodings sinusoidal t5 --max-update 500 --out demo_output
+
+The toy pair maps each source word to its own target word and reverses the order, so no word
+can be translated without knowing where it is. Models train on sentences of 3-12 words and are
+tested on sentences as long (in range) and longer (13-30 words). For each encoding the table
+gives parameters, training time and SacreBLEU per source-length bin (beam 4, length penalty
+0.6, the last 3 epoch checkpoints averaged); it is written as Markdown and JSON with a PNG plot.
+With --data-bin, the study runs on your own preprocessed corpus instead (its test set binned).
 """
 import argparse
-import logging
 import json
+import logging
 import os
 import shutil
 import sys
@@ -17,54 +24,124 @@ import time
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_posenc import pipeline, toy_data  # noqa: E402
+from fairseq_posenc.length_bins import bleu_by_bin, write_report  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
+
+# Per-encoding settings that keep the study within its time budget on 2 CPU cores: FLOATER's
+# paper default (rk4 with step dt / 5) costs 5x the solver steps of one step per position.
+OVERRIDES = {"floater": ["--floater-step", "0.1"]}
+
+SIZES = {  # d, ffn, heads, layers per stack
+    "tiny": ("64", "128", "4", "2"),
+    "small": ("128", "256", "4", "2"),
+    "base": ("512", "2048", "8", "6"),
+}
+
+
+def toy_corpus(out: str, args) -> str:
+    top = max(args.long_max_len, args.train_max_len + 1)
+    splits = {
+        "train": (args.train_size, 3, args.train_max_len),
+        "valid": (200, 3, args.train_max_len),
+        "test": (args.test_size, 3, top),
+    }
+    print(f"| writing the toy corpus to {out}/raw: train {args.train_size} pairs of 3-{args.train_max_len} "
+          f"words, test {args.test_size} pairs of 3-{top} words", flush=True)
+    prefixes = toy_data.write_toy_corpus(os.path.join(out, "raw"), splits, seed=args.seed)
+    return pipeline.preprocess(prefixes, os.path.join(out, "bin"))
+
+
+def train_flags(encoding: str, args) -> list:
+    dim, ffn, heads, layers = SIZES[args.size]
+    flags = pipeline.toy_train_flags(encoding, args.max_update, args.seed)
+    sized = {"--encoder-embed-dim": dim, "--decoder-embed-dim": dim, "--encoder-ffn-embed-dim": ffn,
+             "--decoder-ffn-embed-dim": ffn, "--encoder-attention-heads": heads,
+             "--decoder-attention-heads": heads, "--encoder-layers": layers, "--decoder-layers": layers}
+    for i, flag in enumerate(flags):
+        if flag in sized:
+            flags[i + 1] = sized[flag]
+    return flags + ["--max-source-positions", "1024", "--max-target-positions", "1024"] + OVERRIDES.get(encoding, [])
+
+
+def parameters(checkpoint: str) -> int:
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu")["model"]
+    # tied embeddings appear under three names, FLOATER's stored solution is not a parameter
+    seen, total = set(), 0
+    for name, tensor in state.items():
+        if name.endswith(("version", "_float_tensor", ".solution", ".fingerprint")) or tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        total += tensor.numel()
+    return total
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo_output", help="working and output directory")
-    parser.add_argument("--encodings", nargs="+", default=["sinusoidal"], choices=list(POSITION_ENCODINGS),
-                        help="position encodings to train and compare")
+    parser.add_argument("--encodings", nargs="+", default=list(POSITION_ENCODINGS), choices=list(POSITION_ENCODINGS),
+                        help="position encodings to train and compare (default: all)")
+    parser.add_argument("--size", choices=list(SIZES), default="small", help="model size (all models the same)")
     parser.add_argument("--max-update", type=int, default=300, help="training updates per model")
-    parser.add_argument("--train-size", type=int, default=4000, help="training sentence pairs")
-    parser.add_argument("--train-max-len", type=int, default=12, help="longest training source, in words")
-    parser.add_argument("--long-max-len", type=int, default=20, help="longest source of the long test set")
+    parser.add_argument("--train-size", type=int, default=4000, help="toy training sentence pairs")
+    parser.add_argument("--test-size", type=int, default=400, help="toy test sentence pairs")
+    parser.add_argument("--train-max-len", type=int, default=12, help="longest toy training source, in words")
+    parser.add_argument("--long-max-len", type=int, default=30, help="longest toy test source, in words")
+    parser.add_argument("--bins", type=int, nargs="+", default=None,
+                        help="left edges of the source-length bins (default: 3, then every 6 words past training)")
+    parser.add_argument("--data-bin", help="your own fairseq-preprocess output (train, valid, test; joined dictionary)")
+    parser.add_argument("--unit", default="words", help="what the source tokens are, for the report (with --data-bin)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
 
     out = os.path.abspath(args.out)
     for stale in ("bin", "checkpoints"):  # a re-run starts over rather than resuming old runs
         shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
-    splits = {
-        "train": (args.train_size, 3, args.train_max_len),
-        "valid": (200, 3, args.train_max_len),
-        "test": (200, 3, args.train_max_len),
-        "test1": (200, args.train_max_len + 1, args.long_max_len),
-    }
-    print(f"| writing the toy corpus to {out}/raw (source lengths in words)", flush=True)
-    prefixes = toy_data.write_toy_corpus(os.path.join(out, "raw"), splits, seed=args.seed)
-    data_bin = pipeline.preprocess(prefixes, os.path.join(out, "bin"))
+    data_bin = args.data_bin or toy_corpus(out, args)
+    edges = args.bins or [3] + list(range(args.train_max_len + 1, args.long_max_len + 1, 6))
+    start_all = time.time()
 
-    results = []
-    for encoding in args.encodings:
+    rows, per_bin = [], {}
+    for n, encoding in enumerate(args.encodings, 1):
         save_dir = os.path.join(out, "checkpoints", encoding)
-        print(f"| training {encoding} for {args.max_update} updates (log: {save_dir}/train.log)", flush=True)
+        print(f"| [{n}/{len(args.encodings)}] training {encoding} for {args.max_update} updates "
+              f"(log: {save_dir}/train.log)", flush=True)
         start = time.time()
-        pipeline.train(data_bin, save_dir, pipeline.toy_train_flags(encoding, args.max_update, args.seed))
-        train_time = time.time() - start
+        pipeline.train(data_bin, save_dir, train_flags(encoding, args))
+        train_seconds = time.time() - start
         averaged = pipeline.average_checkpoints(save_dir, 3, os.path.join(save_dir, "averaged.pt"))
-        row = {"encoding": encoding, "train_seconds": round(train_time, 1)}
-        for subset, name in (("test", f"in-range (3-{args.train_max_len})"),
-                             ("test1", f"longer ({args.train_max_len + 1}-{args.long_max_len})")):
-            generation = pipeline.generate(data_bin, averaged, subset=subset, beam=4, lenpen=0.6)
-            bleu, signature = pipeline.sacrebleu_score(generation.hypotheses, generation.references)
-            row[name] = round(bleu.score, 2)
-            print(f"| {encoding:12s} {name:22s} BLEU {bleu.score:6.2f}", flush=True)
-        results.append(row)
+        generation = pipeline.generate(data_bin, averaged, subset="test", beam=4, lenpen=0.6)
+        per_bin[encoding] = bleu_by_bin(generation.sources, generation.hypotheses, generation.references, edges)
+        rows.append({"encoding": encoding, "parameters": parameters(averaged), "train_seconds": round(train_seconds, 1),
+                     **{r["bin"]: r["bleu"] for r in per_bin[encoding]}})
+        print(f"| {encoding:10s} trained in {train_seconds:5.0f} s; BLEU by source length: "
+              + ", ".join(f"{r['bin']} {r['bleu']:.1f}" for r in per_bin[encoding]), flush=True)
 
+    unit = args.unit if args.data_bin else "words"
+    paths = write_report(per_bin, os.path.join(out, "bleu_by_length"), unit,
+                         title=f"Trained on sources of at most {args.train_max_len} {unit}" if not args.data_bin else "")
+    note = "" if args.data_bin else f" Training sources had 3-{args.train_max_len} words."
+    note += "".join(f" {e}: {' '.join(OVERRIDES[e])}." for e in args.encodings if e in OVERRIDES)
+    summary = summary_table(rows, sorted({r["bin"] for v in per_bin.values() for r in v},
+                                         key=lambda b: int(b[1:].split(",")[0])), unit, note)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(summary)
     with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"sacrebleu": signature, "results": results}, f, indent=2)
-    print(f"| results in {out}/results.json ({signature})")
+        json.dump({"unit": unit, "edges": edges, "max_update": args.max_update, "size": args.size,
+                   "rows": rows, "bleu_by_length": per_bin}, f, indent=2)
+    print("\n" + summary)
+    print(f"| total {time.time() - start_all:.0f} s; wrote {out}/results.md, results.json, "
+          + ", ".join(os.path.basename(p) for p in paths.values()))
+
+
+def summary_table(rows, bins, unit, note="") -> str:
+    header = ["encoding", "parameters", "training (s)"] + [f"BLEU {b}" for b in bins]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join([row["encoding"], f"{row['parameters']:,}", f"{row['train_seconds']:.0f}"]
+                                       + [f"{row[b]:.2f}" if b in row else "-" for b in bins]) + " |")
+    return "\n".join(lines) + f"\n\nSacreBLEU by source length in {unit}.{note}\n"
 
 
 if __name__ == "__main__":
