@@ -29,18 +29,25 @@ def executable(name: str) -> str:
     return found
 
 
-def run(cmd: Sequence[str], log: str, stdin: Optional[str] = None, env: Optional[dict] = None) -> str:
-    """Run ``cmd``, writing stdout and stderr to ``log``; returns stdout."""
+def run(cmd: Sequence[str], log: str, stdin: Optional[str] = None, capture_stdout: bool = False) -> str:
+    """Run ``cmd``, its output going to ``log`` as it runs (``tail -f`` it to follow a long job).
+
+    Returns the log's text, or with ``capture_stdout`` the command's stdout alone (kept apart
+    from stderr so that it can be parsed; it is appended to the log at the end)."""
     os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
-    proc = subprocess.run(
-        list(cmd), input=stdin, capture_output=True, text=True, env={**os.environ, **(env or {})}
-    )
     with open(log, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n" + proc.stdout + proc.stderr)
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.run(list(cmd), input=stdin, stdout=subprocess.PIPE if capture_stdout else f, stderr=f,
+                              text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if capture_stdout:
+            f.write(proc.stdout)
+    with open(log) as f:
+        text = f.read()
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        tail = "\n".join(text.splitlines()[-25:])
         raise CommandFailed(f"{os.path.basename(cmd[0])} exited with {proc.returncode} (log: {log}):\n{tail}")
-    return proc.stdout
+    return proc.stdout if capture_stdout else text
 
 
 def preprocess(prefixes: Dict[str, str], dest: str, src: str = "src", tgt: str = "tgt", log_dir: str = None) -> str:
@@ -98,7 +105,7 @@ def generate(data_bin: str, checkpoint: str, subset: str = "test", beam: int = 4
              extra: Sequence[str] = (), log: Optional[str] = None) -> Generation:
     cmd = [executable("fairseq-generate"), data_bin, "--user-dir", USER_DIR, "--path", checkpoint,
            "--gen-subset", subset, "--beam", str(beam), "--lenpen", str(lenpen), "--batch-size", "64", *extra]
-    out = run(cmd, log or f"{checkpoint}.{subset}.generate.log")
+    out = run(cmd, log or f"{checkpoint}.{subset}.generate.log", capture_stdout=True)
     return parse_generate_output(out)
 
 

@@ -61,7 +61,7 @@ def test_train_and_generate_reload_the_same_model(corpus, encoding):
 
     out = pipeline.run([pipeline.executable("fairseq-generate"), corpus["bin"], "--user-dir", pipeline.USER_DIR,
                         "--path", checkpoint, "--score-reference", "--batch-size", "8"],
-                       f"{checkpoint}.score.log")
+                       f"{checkpoint}.score.log", capture_stdout=True)
     cli_scores = _parse_positional_scores(out)
     model, dictionary = _model_that_saved(checkpoint, corpus["bin"])
     with open(corpus["raw"]["test"] + ".src") as fs, open(corpus["raw"]["test"] + ".tgt") as ft:

@@ -43,6 +43,7 @@ def test_interactive_loads_plugin_checkpoint_and_agrees_with_generate(trained):
          "--beam", "4", "--lenpen", "0.6", "--buffer-size", "20", "--batch-size", "20"],
         str(trained["root"] / "interactive.log"),
         stdin="\n".join(sources) + "\n",
+        capture_stdout=True,
     )
     interactive = pipeline.parse_generate_output(out)
     assert interactive.hypotheses == generation.hypotheses[:20]

@@ -93,7 +93,6 @@ class FloaterODE(nn.Module):
         self._trusted_versions = None
         self._generation = 0
         self._graph = None  # (generation, solution with autograd history) while training
-        self.solve_calls = 0  # ODE solves so far, for tests and benchmarks
         self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module._refresh_for_saving())
 
     def reset_to_vanilla(self):
@@ -131,7 +130,6 @@ class FloaterODE(nn.Module):
 
         if end - start <= 1:
             return y0[None]
-        self.solve_calls += 1
         times = torch.arange(start, end, device=y0.device, dtype=torch.float32) * self.dt
         options = {"step_size": self.step} if self.solver in FIXED_STEP_SOLVERS else None
         if self.adjoint and torch.is_grad_enabled():
