@@ -28,9 +28,9 @@ import torch.nn.functional as F
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq.data import Dictionary  # noqa: E402
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
+from fairseq_posenc.models.from_flags import build_from_flags  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
 
 SIZES = {
@@ -55,17 +55,9 @@ def build(name, size, task, max_positions):
              "--decoder-embed-dim", s["dim"], "--encoder-ffn-embed-dim", s["ffn"], "--decoder-ffn-embed-dim",
              s["ffn"], "--encoder-attention-heads", s["heads"], "--decoder-attention-heads", s["heads"],
              "--share-all-embeddings", "--dropout", "0.1"]
-    arch = "transformer" if name == STOCK else "transformer_posenc"
-    if name != STOCK:
-        flags += ["--position-encoding", name]
-    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
-    ARCH_MODEL_REGISTRY[arch].add_args(parser)
-    args = parser.parse_args([str(f) for f in flags])
-    args.arch = arch
-    args.max_source_positions = args.max_target_positions = max_positions
-    ARCH_CONFIG_REGISTRY[arch](args)
-    torch.manual_seed(1)
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+    if name == STOCK:
+        return build_from_flags("transformer", flags, task, max_positions)
+    return build_from_flags("transformer_posenc", flags + ["--position-encoding", name], task, max_positions)
 
 
 def batch(task, bsz, length, device, seed=0):

@@ -1,11 +1,9 @@
 """Small in-memory models and batches for the tests: no data on disk, no downloads."""
-import argparse
-
 import torch
 from fairseq.data import Dictionary
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 import fairseq_posenc  # noqa: F401  (registers the plugin)
+from fairseq_posenc.models import from_flags
 
 TINY = [
     "--encoder-layers", "2", "--decoder-layers", "2",
@@ -28,21 +26,11 @@ def toy_dictionary(vocab_size=30):
 
 
 def model_args(arch, *flags, max_positions=64):
-    # as fairseq: unset model flags are absent, so architectures can fill in their defaults
-    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
-    ARCH_MODEL_REGISTRY[arch].add_args(parser)
-    args = parser.parse_args([*TINY, *flags])
-    args.arch = arch
-    args.max_source_positions = args.max_target_positions = max_positions
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return args
+    return from_flags.model_args(arch, [*TINY, *flags], max_positions)
 
 
 def build_model(arch, *flags, seed=1, task=None, max_positions=64):
-    task = task or ToyTask()
-    torch.manual_seed(seed)
-    args = model_args(arch, *flags, max_positions=max_positions)
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+    return from_flags.build_from_flags(arch, [*TINY, *flags], task or ToyTask(), max_positions, seed)
 
 
 def toy_batch(dictionary, lengths, tgt_len=7, seed=0, left_pad_source=True):
