@@ -169,3 +169,15 @@ def test_segment_attention_keeps_padding_and_decoding_properties():
 def test_segment_separator_must_be_in_the_dictionary():
     with pytest.raises(ValueError, match="--segment-separator '<sep>' is not in the source dictionary"):
         build_model("transformer_posenc", "--segment-attention")
+
+
+@torch.no_grad()
+def test_kept_tables_follow_the_module_to_another_dtype():
+    model = with_strong_positions(build_model("transformer_posenc", "--position-encoding", "alibi"))
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5], tgt_len=4)
+    model(src, lengths, prev)  # builds and keeps the tables in float32
+    model.double()
+    out, _ = model(src.clone(), lengths, prev)
+    assert out.dtype == torch.float64
+    scheme = model.encoder.position_encoding
+    assert all(table.dtype == torch.float64 for _, table, _ in scheme._tables.values())

@@ -121,7 +121,10 @@ class PositionEncoding(nn.Module):
 
     # caching
     def _parameter_versions(self) -> Tuple:
-        return tuple((p._version, p.device, p.dtype) for p in self.parameters())
+        """Changes when a parameter is updated, or when the module moves to another device or
+        dtype (buffers such as ALiBi's slopes included)."""
+        return (tuple((p._version, p.device, p.dtype) for p in self.parameters())
+                + tuple((b.device, b.dtype) for b in self.buffers()))
 
     def shared(self, key: Hashable, compute: Callable[[], Tensor]) -> Tensor:
         """``compute()`` once per forward for every layer asking with the same ``key``."""
