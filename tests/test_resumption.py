@@ -55,10 +55,12 @@ def test_killed_run_resumes_with_the_same_losses(data_bin, tmp_path, encoding):
         proc.wait()
     first = _losses(log.read_text())
     assert proc.returncode == -signal.SIGKILL and 25 in first and 40 not in first  # killed mid-run
+    saved = [int(n) for n in re.findall(r"Saved checkpoint .*?\(epoch 1 @ (\d+) updates", log.read_text())]
+    assert saved and saved[-1] >= 20  # checkpoints every 10 updates; the kill came after one
 
     resumed = subprocess.run(_command(data_bin, save_dir, encoding), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     second = _losses(resumed.stdout)
-    restart = min(second)
-    assert restart == 21 and re.search(r"\(epoch 1 @ 20 updates\)", resumed.stdout)  # the last checkpoint
+    restart = min(second)  # right after the last checkpoint the killed run saved
+    assert restart == saved[-1] + 1 and re.search(rf"\(epoch 1 @ {saved[-1]} updates\)", resumed.stdout)
     assert {u: second[u] for u in range(restart, 41)} == {u: expected[u] for u in range(restart, 41)}
