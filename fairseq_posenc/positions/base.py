@@ -90,6 +90,7 @@ class PositionEncoding(nn.Module):
         self.num_heads = num_heads
         self.head_dim = head_dim
         self._forward_cache: Dict[Hashable, Tensor] = {}
+        self._forward_versions: Optional[Tuple] = None
         self._tables: Dict[Hashable, Tuple[Tuple, Tensor, int]] = {}
 
     # hooks; the defaults do nothing
@@ -104,6 +105,7 @@ class PositionEncoding(nn.Module):
     def begin_forward(self, tokens: Tensor):
         """Called by the stack with its input tokens (B, T) before its layers run."""
         self._forward_cache.clear()
+        self._forward_versions = None
 
     def transform_qkv(self, layer: int, role: str, q: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                       pos: AttentionPositions):
@@ -126,9 +128,16 @@ class PositionEncoding(nn.Module):
         return (tuple((p._version, p.device, p.dtype) for p in self.parameters())
                 + tuple((b.device, b.dtype) for b in self.buffers()))
 
+    def _versions_this_forward(self) -> Tuple:
+        # parameters do not change within a forward: walk the module tree once per forward
+        if self._forward_versions is None:
+            self._forward_versions = self._parameter_versions()
+        return self._forward_versions
+
     def shared(self, key: Hashable, compute: Callable[[], Tensor]) -> Tensor:
-        """``compute()`` once per forward for every layer asking with the same ``key``."""
-        key = (key, self._parameter_versions(), torch.is_grad_enabled())
+        """``compute()`` once per forward (``begin_forward`` starts one) for every layer asking
+        with the same ``key``."""
+        key = (key, torch.is_grad_enabled())
         if key not in self._forward_cache:
             self._forward_cache[key] = compute()
         return self._forward_cache[key]
@@ -142,7 +151,7 @@ class PositionEncoding(nn.Module):
         """
         if torch.is_grad_enabled():
             return self.shared(("table", name, length), lambda: compute(length))
-        version = self._parameter_versions()
+        version = self._versions_this_forward()
         cached = self._tables.get(name)
         if cached is None or cached[0] != version or cached[2] < length:
             grown = 2 * cached[2] if cached is not None and cached[0] == version else MIN_TABLE
