@@ -89,7 +89,7 @@ def split_by_length(src_path: str, tgt_path: str, out_dir: str, src_lang: str, t
             _write_lines(f"{prefix}.{lang}", [p[column] for p in pairs])
         manifest["parts"].append({"name": "train" if tag == "train" else next(b.name for b in bins if b.file_tag == tag),
                                   "prefix": prefix, "sentences": len(pairs)})
-    _write_text(os.path.join(out_dir, "split.json"), json.dumps(manifest, indent=2) + "\n")
+    write_text_atomically(os.path.join(out_dir, "split.json"), json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
@@ -124,8 +124,8 @@ def write_report(results: Dict[str, List[Dict]], out_prefix: str, unit: str, tit
     signature = next((r["signature"] for rows in results.values() for r in rows), "")
     markdown = "\n".join(lines) + f"\n\nSacreBLEU per bin of source length in {unit} (sentences in brackets); {signature}\n"
     paths = {"markdown": out_prefix + ".md", "json": out_prefix + ".json", "plot": out_prefix + ".png"}
-    _write_text(paths["markdown"], markdown)
-    _write_text(paths["json"], json.dumps({"unit": unit, "results": results}, indent=2) + "\n")
+    write_text_atomically(paths["markdown"], markdown)
+    write_text_atomically(paths["json"], json.dumps({"unit": unit, "results": results}, indent=2) + "\n")
     _plot(results, bins, unit, title, paths["plot"])
     return paths
 
@@ -154,10 +154,10 @@ def _plot(results, bins, unit, title, path):
 
 
 def _write_lines(path: str, lines: Sequence[str]):
-    _write_text(path, "".join(line + "\n" for line in lines))
+    write_text_atomically(path, "".join(line + "\n" for line in lines))
 
 
-def _write_text(path: str, text: str):
+def write_text_atomically(path: str, text: str):
     """Write atomically: a crash never leaves a truncated file where a good one was."""
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:

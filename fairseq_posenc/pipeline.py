@@ -42,12 +42,14 @@ def run(cmd: Sequence[str], log: str, stdin: Optional[str] = None, capture_stdou
                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if capture_stdout:
             f.write(proc.stdout)
+    if capture_stdout and proc.returncode == 0:
+        return proc.stdout  # no need to read the log back
     with open(log) as f:
         text = f.read()
     if proc.returncode != 0:
         tail = "\n".join(text.splitlines()[-25:])
         raise CommandFailed(f"{os.path.basename(cmd[0])} exited with {proc.returncode} (log: {log}):\n{tail}")
-    return proc.stdout if capture_stdout else text
+    return text
 
 
 def preprocess(prefixes: Dict[str, str], dest: str, src: str = "src", tgt: str = "tgt", log_dir: str = None) -> str:
@@ -118,15 +120,13 @@ def sacrebleu_score(hypotheses: List[str], references: List[str]):
 
 
 def toy_train_flags(position_encoding: str = "sinusoidal", max_update: int = 300, seed: int = 1,
-                    keep_last_epochs: int = 5) -> List[str]:
-    """A small model and schedule that learns the toy task on 2 CPU cores in about a minute."""
+                    keep_last_epochs: int = 5, size: str = "small") -> List[str]:
+    """A model and schedule that learn the toy task on 2 CPU cores in about a minute ("small")."""
+    from .models.from_flags import size_flags
+
     return [
         "--arch", "transformer_posenc", "--position-encoding", position_encoding, "--cpu",
-        "--encoder-layers", "2", "--decoder-layers", "2",
-        "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
-        "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
-        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-        "--share-all-embeddings", "--dropout", "0.1",
+        *size_flags(size), "--share-all-embeddings", "--dropout", "0.1",
         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "2e-3",
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",

@@ -29,14 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
-from fairseq_posenc.models.from_flags import build_from_flags  # noqa: E402
+from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
+from fairseq_posenc.models.from_flags import MODEL_SIZES, build_from_flags, size_flags  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
 
-SIZES = {
-    "tiny": dict(layers=2, dim=128, ffn=256, heads=4),
-    "small": dict(layers=3, dim=256, ffn=1024, heads=4),
-    "base": dict(layers=6, dim=512, ffn=2048, heads=8),
-}
 STOCK = "stock transformer"
 
 
@@ -49,11 +45,7 @@ class _Task:
 
 
 def build(name, size, task, max_positions):
-    s = SIZES[size]
-    flags = ["--encoder-layers", s["layers"], "--decoder-layers", s["layers"], "--encoder-embed-dim", s["dim"],
-             "--decoder-embed-dim", s["dim"], "--encoder-ffn-embed-dim", s["ffn"], "--decoder-ffn-embed-dim",
-             s["ffn"], "--encoder-attention-heads", s["heads"], "--decoder-attention-heads", s["heads"],
-             "--share-all-embeddings", "--dropout", "0.1"]
+    flags = size_flags(size) + ["--share-all-embeddings", "--dropout", "0.1"]
     if name == STOCK:
         return build_from_flags("transformer", flags, task, max_positions)
     return build_from_flags("transformer_posenc", flags + ["--position-encoding", name], task, max_positions)
@@ -138,8 +130,9 @@ def ratio(value, reference):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, short shapes: under 2 minutes on 2 cores")
-    parser.add_argument("--size", choices=list(SIZES), default="small", help="model size (all models the same)")
+    parser.add_argument("--quick", action="store_true", help="small model, short shapes: under 2 minutes on 2 cores")
+    parser.add_argument("--size", choices=list(MODEL_SIZES), default="medium",
+                        help="model size, all models the same (layers, d, ffn, heads: see MODEL_SIZES)")
     parser.add_argument("--encodings", nargs="+", default=list(POSITION_ENCODINGS), choices=list(POSITION_ENCODINGS))
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512], help="source = target lengths")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32], help="sentences per batch")
@@ -154,7 +147,7 @@ def main(argv=None):
     parser.add_argument("--output", default="benchmark_output/benchmark.json", help="where to write the JSON")
     args = parser.parse_args(argv)
     if args.quick:
-        args.size, args.lengths, args.batch_sizes, args.repeats = "tiny", [32, 128], [8], 3
+        args.size, args.lengths, args.batch_sizes, args.repeats = "small", [32, 128], [8], 3
         args.decode_sentences, args.decode_length = 8, 16
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -166,11 +159,12 @@ def main(argv=None):
     models = {name: build(name, args.size, task, args.max_positions).to(device) for name in names}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-5) for name, m in models.items()}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
-    print(f"| {device.type}, {torch.get_num_threads()} threads, size {args.size} {SIZES[args.size]}, "
+    print(f"| {device.type}, {torch.get_num_threads()} threads, size {args.size} {MODEL_SIZES[args.size]}, "
           f"models: {', '.join(names)}", flush=True)
 
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-               "threads": torch.get_num_threads(), "size": args.size, "config": SIZES[args.size],
+               "threads": torch.get_num_threads(), "size": args.size,
+               "config": dict(zip(("layers", "dim", "ffn", "heads"), MODEL_SIZES[args.size])),
                "parameters": params, "train": [], "decode": [], "memory_mib": {}}
     for dtype in dtypes:
         dname = str(dtype).replace("torch.", "")
@@ -205,8 +199,7 @@ def main(argv=None):
 
     print_table(results, names)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(results, f, indent=2)
+    write_text_atomically(args.output, json.dumps(results, indent=2) + "\n")
     print(f"| wrote {args.output}")
 
 

@@ -24,19 +24,13 @@ import time
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_posenc import pipeline, toy_data  # noqa: E402
-from fairseq_posenc.length_bins import bleu_by_bin, write_report  # noqa: E402
+from fairseq_posenc.length_bins import bleu_by_bin, write_report, write_text_atomically  # noqa: E402
+from fairseq_posenc.models.from_flags import MODEL_SIZES  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
 
 # Per-encoding settings that keep the study within its time budget on 2 CPU cores: FLOATER's
 # paper default (rk4 with step dt / 5) costs 5x the solver steps of one step per position.
 OVERRIDES = {"floater": ["--floater-step", "0.1"]}
-
-SIZES = {  # d, ffn, heads, layers per stack
-    "tiny": ("64", "128", "4", "2"),
-    "small": ("128", "256", "4", "2"),
-    "base": ("512", "2048", "8", "6"),
-}
-
 
 def toy_corpus(out: str, args) -> str:
     top = max(args.long_max_len, args.train_max_len + 1)
@@ -52,14 +46,7 @@ def toy_corpus(out: str, args) -> str:
 
 
 def train_flags(encoding: str, args) -> list:
-    dim, ffn, heads, layers = SIZES[args.size]
-    flags = pipeline.toy_train_flags(encoding, args.max_update, args.seed)
-    sized = {"--encoder-embed-dim": dim, "--decoder-embed-dim": dim, "--encoder-ffn-embed-dim": ffn,
-             "--decoder-ffn-embed-dim": ffn, "--encoder-attention-heads": heads,
-             "--decoder-attention-heads": heads, "--encoder-layers": layers, "--decoder-layers": layers}
-    for i, flag in enumerate(flags):
-        if flag in sized:
-            flags[i + 1] = sized[flag]
+    flags = pipeline.toy_train_flags(encoding, args.max_update, args.seed, size=args.size)
     return flags + ["--max-source-positions", "1024", "--max-target-positions", "1024"] + OVERRIDES.get(encoding, [])
 
 
@@ -82,7 +69,9 @@ def main(argv=None):
     parser.add_argument("--out", default="demo_output", help="working and output directory")
     parser.add_argument("--encodings", nargs="+", default=list(POSITION_ENCODINGS), choices=list(POSITION_ENCODINGS),
                         help="position encodings to train and compare (default: all)")
-    parser.add_argument("--size", choices=list(SIZES), default="small", help="model size (all models the same)")
+    parser.add_argument("--size", choices=list(MODEL_SIZES), default="small",
+                        help="model size, all models the same: " + ", ".join(
+                            f"{name} (d={d}, {n}+{n} layers)" for name, (n, d, _, _) in MODEL_SIZES.items()))
     parser.add_argument("--max-update", type=int, default=300, help="training updates per model")
     parser.add_argument("--train-size", type=int, default=4000, help="toy training sentence pairs")
     parser.add_argument("--test-size", type=int, default=400, help="toy test sentence pairs")
@@ -125,11 +114,10 @@ def main(argv=None):
     note += "".join(f" {e}: {' '.join(OVERRIDES[e])}." for e in args.encodings if e in OVERRIDES)
     summary = summary_table(rows, sorted({r["bin"] for v in per_bin.values() for r in v},
                                          key=lambda b: int(b[1:].split(",")[0])), unit, note)
-    with open(os.path.join(out, "results.md"), "w") as f:
-        f.write(summary)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"unit": unit, "edges": edges, "max_update": args.max_update, "size": args.size,
-                   "rows": rows, "bleu_by_length": per_bin}, f, indent=2)
+    write_text_atomically(os.path.join(out, "results.md"), summary)
+    write_text_atomically(os.path.join(out, "results.json"), json.dumps(
+        {"unit": unit, "edges": edges, "max_update": args.max_update, "size": args.size,
+         "rows": rows, "bleu_by_length": per_bin}, indent=2) + "\n")
     print("\n" + summary)
     print(f"| total {time.time() - start_all:.0f} s; wrote {out}/results.md, results.json, "
           + ", ".join(os.path.basename(p) for p in paths.values()))

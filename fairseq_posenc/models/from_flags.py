@@ -1,7 +1,7 @@
 """Build a registered fairseq model from command-line flags, without a data directory: for the
 tests, the benchmark and notebooks."""
 import argparse
-from typing import Sequence
+from typing import List, Sequence
 
 import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
@@ -24,3 +24,22 @@ def build_from_flags(arch: str, flags: Sequence[str], task, max_positions: int =
     torch.manual_seed(seed)
     args = model_args(arch, flags, max_positions)
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+
+
+#: named model sizes shared by the demo, the benchmark and the tests: layers per stack, d, ffn, heads
+MODEL_SIZES = {
+    "tiny": (2, 64, 128, 4),
+    "small": (2, 128, 256, 4),
+    "medium": (3, 256, 1024, 4),
+    "base": (6, 512, 2048, 8),
+}
+
+
+def size_flags(size: str) -> List[str]:
+    """fairseq flags for a named size, the same in encoder and decoder."""
+    layers, dim, ffn, heads = (str(v) for v in MODEL_SIZES[size])
+    flags = []
+    for side in ("encoder", "decoder"):
+        flags += [f"--{side}-layers", layers, f"--{side}-embed-dim", dim,
+                  f"--{side}-ffn-embed-dim", ffn, f"--{side}-attention-heads", heads]
+    return flags

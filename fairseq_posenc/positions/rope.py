@@ -52,6 +52,7 @@ class RotaryPositionEncoding(PositionEncoding):
         cos, sin = table[:, pos.q].unsqueeze(2).unbind(0)
 
         def rotate(x):
-            return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
+            x32 = x.float()
+            return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
 
         return rotate(q), rotate(k), v
