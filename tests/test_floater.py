@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from fairseq_posenc.positions import AttentionPositions
 from fairseq_posenc.positions.floater import FloaterODE
 from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, toy_dictionary, with_strong_positions
 
@@ -13,16 +14,35 @@ def floater(*flags, seed=1):
 def test_dynamics_have_the_papers_526k_parameters_at_d512():
     ode = FloaterODE(num_states=48, dim=512, hidden=512, dt=0.1, solver="rk4", step=None, adjoint=False)
     assert sum(p.numel() for p in ode.dynamics.parameters()) == 526_336  # the paper's 526.3K
-    assert ode.initial.shape == (48, 512)  # 6 x (q, k, v) + 6 x (q, k, v) + 6 x (k, v)
+    assert ode.initial.shape == (48, 512)  # 6 x (q, k, v) + 6 x (q, k, v) + 6 x (k, v) with cross-attention
     assert ode.step == pytest.approx(0.02)  # dt / 5
 
 
 def test_one_ode_holds_every_block_and_is_shared_by_the_decoder():
     model = floater()  # 2 + 2 layers
     ode = model.encoder.position_encoding.ode
-    assert ode.initial.shape == (3 * 2 + 5 * 2, 32)
+    assert ode.initial.shape == (3 * 2 + 3 * 2, 32)  # q, k, v of each self-attention (the paper's Eq. 12)
     assert model.decoder.position_encoding.solver is ode
     assert not any("decoder.position_encoding" in name for name, _ in model.named_parameters())
+    crossed = floater("--floater-cross-attention")
+    assert crossed.encoder.position_encoding.ode.initial.shape == (3 * 2 + 5 * 2, 32)  # and k, v of each cross
+
+
+@torch.no_grad()
+def test_cross_attention_is_biased_only_with_the_flag():
+    src, lengths, prev = toy_batch(toy_dictionary(), [9, 5, 7], tgt_len=8)
+    plain = with_strong_positions(floater())
+    q = k = v = torch.randn(3, 4, 9, 8)
+    pos = AttentionPositions.build(9, 9, None, torch.device("cpu"))
+    out = plain.decoder.position_encoding.transform_qkv(0, "cross", q, k, v, pos)
+    assert all(a is b for a, b in zip(out, (q, k, v)))  # the paper's Eq. 12: self-attention only
+
+    crossed = with_strong_positions(floater("--floater-cross-attention"))
+    before = full_log_probs(crossed, src, lengths, prev)
+    crossed.encoder.position_encoding.ode.initial[3 * 2 + 3 * 2:].add_(1.0)  # the cross k, v states
+    after = full_log_probs(crossed, src, lengths, prev)
+    assert (after - before).abs().max() > 1e-2
+    torch.testing.assert_close(incremental_log_probs(crossed, src, lengths, prev), after, atol=1e-5, rtol=1e-5)
 
 
 def test_unknown_solver_is_a_clear_error():
@@ -43,15 +63,62 @@ def test_warm_start_is_exactly_the_vanilla_model(tmp_path, vanilla_arch):
     src, lengths, prev = toy_batch(vanilla.encoder.dictionary, [9, 5, 7], tgt_len=8)
     vanilla.train(), warm.train()
     torch.testing.assert_close(full_log_probs(warm, src, lengths, prev), full_log_probs(vanilla, src, lengths, prev),
-                               atol=1e-5, rtol=1e-5)
+                               atol=1e-6, rtol=1e-6)
     vanilla.eval(), warm.eval()
     with torch.no_grad():
         torch.testing.assert_close(incremental_log_probs(warm, src, lengths, prev),
-                                   incremental_log_probs(vanilla, src, lengths, prev), atol=1e-5, rtol=1e-5)
-    # and it is a FLOATER model that can move away from the vanilla one: gradients reach h and p(0)
-    warm.train()
-    full_log_probs(warm, src, lengths, prev).logsumexp(-1).sum().backward()
-    assert warm.encoder.position_encoding.ode.initial.grad.abs().sum() > 0
+                                   incremental_log_probs(vanilla, src, lengths, prev), atol=1e-6, rtol=1e-6)
+
+
+def _nll(model, batch):
+    src, lengths, prev = batch
+    target = torch.roll(prev, -1, dims=1)
+    return -full_log_probs(model, src, lengths, prev).gather(-1, target[..., None]).mean()
+
+
+def _ode_parameters(model):
+    return dict(model.encoder.position_encoding.ode.named_parameters())
+
+
+def _train(model, steps):
+    """``steps`` Adam updates on toy batches; the ODE's gradients of the first and last step."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    grads = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        _nll(model, toy_batch(toy_dictionary(), [9, 5, 7], tgt_len=8, seed=step)).backward()
+        grads.append({name: p.grad.clone() for name, p in _ode_parameters(model).items()})
+        optimizer.step()
+    return grads[0], grads[-1]
+
+
+def test_a_warm_started_ode_learns_every_parameter_of_h(tmp_path):
+    """A warm start that zeroed all of h left relu(0) = 0 in its hidden layer: fc2 got no
+    gradient, fc1 none through fc2 = 0, and h never learned (only fc2.bias and time2 moved)."""
+    path = _save(build_model("transformer_posenc", "--dropout", "0.0", seed=5), tmp_path / "vanilla.pt")
+    warm = floater("--dropout", "0.0", "--floater-init-from", path)
+    start = {name: p.detach().clone() for name, p in _ode_parameters(warm).items()}
+    # at step 0 every bias is 0 (the vanilla model), yet the hidden layer is live
+    for name in ("dynamics.fc2.weight", "dynamics.fc2.bias", "dynamics.time2", "initial"):
+        assert start[name].abs().max() == 0, name
+    for name in ("dynamics.fc1.weight", "dynamics.fc1.bias", "dynamics.time1"):
+        assert start[name].abs().max() > 1e-3, name
+    first, last = _train(warm, steps=4)
+    assert first["dynamics.fc2.weight"].abs().max() > 0  # from the first step
+    assert first["initial"].abs().max() > 0
+    for name, p in _ode_parameters(warm).items():
+        assert last[name].abs().max() > 0, name  # fc1, b1, time1 too, once fc2 is non-zero
+        assert (p.detach() - start[name]).abs().max() > 1e-5, name
+
+
+def test_an_ode_trained_from_scratch_learns_every_parameter():
+    model = floater("--dropout", "0.0")
+    start = {name: p.detach().clone() for name, p in _ode_parameters(model).items()}
+    first, last = _train(model, steps=3)
+    for name, p in _ode_parameters(model).items():
+        assert first[name].abs().max() > 0 and last[name].abs().max() > 0, name
+        assert (p.detach() - start[name]).abs().max() > 1e-5, name
 
 
 def test_warm_start_refuses_a_model_of_another_size(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torchdiffeq import odeint
 
-from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions
+from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions, PositionEncoding
 from fairseq_posenc.positions.alibi import ALiBi
 from fairseq_posenc.positions.floater import FloaterODE
 from toy import build_model, toy_batch, with_strong_positions
@@ -46,7 +46,12 @@ def test_every_encoding_trains_in_half_precision_with_finite_losses(encoding, dt
     assert math.isfinite(loss.item())
     # the whole network runs in half precision (8 or 11 bits of mantissa), not only the positions
     assert loss.item() == pytest.approx(exact.item(), rel=2e-2)
-    assert all(torch.isfinite(p.grad).all() for p in half.parameters() if p.grad is not None)
+    grads = {name: p.grad for name, p in half.named_parameters()}
+    assert all(torch.isfinite(g).all() for g in grads.values() if g is not None)
+    # every position parameter receives a gradient, and not an all-zero one
+    for name, grad in grads.items():
+        if "position" in name:
+            assert grad is not None and grad.abs().max() > 0, name
 
 
 def _bias(scheme, length, q=None):
@@ -57,7 +62,16 @@ def _bias(scheme, length, q=None):
     return scheme.attention_bias(0, q, pos)
 
 
-@pytest.mark.parametrize("encoding", ["diet_abs", "diet_rel", "shaw", "t5", "alibi"])
+BIASED = [name for name, scheme in POSITION_ENCODINGS.items()
+          if scheme.attention_bias is not PositionEncoding.attention_bias]
+
+
+def test_the_attention_biases_are_found_in_the_registry():
+    assert {"diet_abs", "diet_rel", "shaw", "t5", "alibi"} <= set(BIASED)
+    assert not {"sinusoidal", "learned", "rope", "floater"} & set(BIASED)
+
+
+@pytest.mark.parametrize("encoding", BIASED)
 def test_a_bfloat16_models_bias_is_the_float32_bias_cast(encoding):
     model = with_strong_positions(_rounded_to(build_model("transformer_posenc", "--position-encoding", encoding),
                                               torch.bfloat16))

@@ -9,10 +9,12 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_posenc.positions import POSITION_ENCODINGS, get_position_encoding
 from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
 
+# Derived from the registry and the schemes' own attributes, so that a new encoding (one file,
+# one registry line) is covered by every property below without touching this file.
 ENCODINGS = list(POSITION_ENCODINGS)
-EXTRAPOLATING = ["sinusoidal", "none", "diet_rel", "shaw", "t5", "rope", "alibi", "floater"]
-LIMITED = ["learned", "diet_abs"]
-IN_ATTENTION = ["diet_abs", "diet_rel", "shaw", "t5", "rope", "alibi"]
+EXTRAPOLATING = [name for name, scheme in POSITION_ENCODINGS.items() if scheme.extrapolates]
+LIMITED = [name for name, scheme in POSITION_ENCODINGS.items() if not scheme.extrapolates]
+IN_ATTENTION = [name for name, scheme in POSITION_ENCODINGS.items() if scheme.input_embedding is None]
 
 
 def model_for(encoding, *flags, max_positions=64):
@@ -21,8 +23,13 @@ def model_for(encoding, *flags, max_positions=64):
     )
 
 
-def test_every_named_encoding_is_registered():
-    assert sorted(ENCODINGS) == sorted(EXTRAPOLATING + LIMITED)
+def test_the_papers_encodings_are_registered_with_what_they_can_do():
+    assert {"sinusoidal", "learned", "none", "diet_abs", "diet_rel", "shaw", "t5", "rope", "alibi",
+            "floater"} <= set(ENCODINGS)
+    # tables that end at --max-*-positions: fairseq's learned embedding and DIET-ABS's P_Q, P_K
+    assert {"learned", "diet_abs"} <= set(LIMITED)
+    assert not {"sinusoidal", "diet_rel", "shaw", "t5", "rope", "alibi", "floater"} & set(LIMITED)
+    assert {"diet_abs", "diet_rel", "shaw", "t5", "rope", "alibi"} <= set(IN_ATTENTION)
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
@@ -153,3 +160,15 @@ def test_fixed_head_size(encoding):
 def test_rope_refuses_an_odd_head_size():
     with pytest.raises(ValueError, match="rope needs an even head size, got 7; set --attention-head-dim"):
         build_model("transformer_posenc", "--position-encoding", "rope", "--attention-head-dim", "7")
+
+
+@pytest.mark.parametrize("layers", [1, 6])
+def test_shaw_tables_are_xavier_initialised_per_layer_whatever_the_depth(layers):
+    model = build_model("transformer_posenc", "--position-encoding", "shaw", "--encoder-layers", str(layers))
+    scheme = model.encoder.position_encoding
+    offsets, dim = 2 * 16 + 1, 8
+    bound = (6 / (offsets + dim)) ** 0.5  # Xavier on one layer's (2k + 1, head dim) table
+    for table in (*scheme.rel_k, *scheme.rel_v):
+        assert table.shape == (offsets, dim)
+        # 264 uniform draws from [-bound, bound]: the largest is within 2% of the bound
+        assert 0.9 * bound < table.abs().max().item() <= bound

@@ -5,7 +5,6 @@ attention layer, so that tables shared by the layers are built once per forward 
 """
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
-from fairseq.modules import LearnedPositionalEmbedding
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..modules import PosencDecoderLayer, PosencEncoderLayer, PositionalAttention
@@ -37,14 +36,6 @@ def _attach(layers, terms, cross_terms=()):
                 module.attach(terms if module.self_attention else cross_terms, idx)
 
 
-def _check_learned_length(embed_positions, length: int, flag: str, side: str):
-    if isinstance(embed_positions, LearnedPositionalEmbedding) and length > embed_positions.max_positions:
-        raise ValueError(
-            f"{side} input of length {length} exceeds the {embed_positions.max_positions} positions "
-            f"the learned position embedding was built with ({flag}); it cannot extrapolate past them"
-        )
-
-
 class PosencTransformerEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
@@ -68,7 +59,6 @@ class PosencTransformerEncoder(TransformerEncoderBase):
         return _wrap_layer(PosencEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
-        _check_learned_length(self.embed_positions, src_tokens.size(1), "--max-source-positions", "encoder")
         for term in self.position_terms:
             term.begin_forward(src_tokens)
         return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
@@ -84,6 +74,5 @@ class PosencTransformerDecoder(TransformerDecoderBase):
         return _wrap_layer(PosencDecoderLayer(cfg, no_encoder_attn), cfg)
 
     def extract_features(self, prev_output_tokens, encoder_out, incremental_state=None, **kwargs):
-        _check_learned_length(self.embed_positions, prev_output_tokens.size(1), "--max-target-positions", "decoder")
         self.position_encoding.begin_forward(prev_output_tokens)
         return super().extract_features(prev_output_tokens, encoder_out, incremental_state, **kwargs)

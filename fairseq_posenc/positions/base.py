@@ -81,7 +81,8 @@ def gather_square(table: Tensor, pos: AttentionPositions) -> Tensor:
 class PositionEncoding(nn.Module):
     #: fairseq input embedding added to the token embeddings: "sinusoidal", "learned" or None
     input_embedding: Optional[str] = None
-    #: False where the scheme has a table fixed in size when the model is built
+    #: False where the scheme has a table fixed in size when the model is built: inputs longer
+    #: than --max-source/target-positions are refused in ``begin_forward``
     extrapolates: bool = True
     #: True where ``value_term`` needs the attention probabilities (no fused attention kernel)
     needs_attention_weights: bool = False
@@ -97,6 +98,8 @@ class PositionEncoding(nn.Module):
         self.num_layers = num_layers
         self.num_heads = num_heads
         self.head_dim = head_dim
+        self.max_positions = getattr(cfg, "max_source_positions" if side == "encoder" else "max_target_positions", None)
+        self.length_flag = "--max-source-positions" if side == "encoder" else "--max-target-positions"
         self._forward_cache: Dict[Hashable, Tensor] = {}
         self._forward_versions: Optional[Tuple] = None
         self._tables: Dict[Hashable, Tuple[Tuple, Tensor, int]] = {}
@@ -112,6 +115,8 @@ class PositionEncoding(nn.Module):
 
     def begin_forward(self, tokens: Tensor):
         """Called by the stack with its input tokens (B, T) before its layers run."""
+        if not self.extrapolates:
+            self.check_length(tokens.size(1), self.max_positions, self.length_flag)
         self._forward_cache.clear()
         self._forward_versions = None
 

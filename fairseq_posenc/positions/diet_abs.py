@@ -28,8 +28,6 @@ class DietAbs(PositionEncoding):
         self.rank = cfg.diet_rank or head_dim
         if self.rank <= 0:
             raise ValueError(f"--diet-rank must be positive, got {self.rank}")
-        self.max_positions = cfg.max_source_positions if side == "encoder" else cfg.max_target_positions
-        self.flag = "--max-source-positions" if side == "encoder" else "--max-target-positions"
         # (groups, positions, heads, rank)
         self.p_q = nn.Parameter(torch.empty(groups, self.max_positions, heads, self.rank))
         self.p_k = nn.Parameter(torch.empty(groups, self.max_positions, heads, self.rank))
@@ -38,7 +36,6 @@ class DietAbs(PositionEncoding):
 
     def attention_bias(self, layer, q, pos):
         length = pos.k_frame.numel()
-        self.check_length(length, self.max_positions, self.flag)
         group = 0 if self.sharing == "layers" else layer
 
         def square(n):

@@ -43,7 +43,13 @@ class FloaterConfig:
     floater_init_from: Optional[str] = field(
         default=None,
         metadata={"help": "floater: warm start from this checkpoint of a sinusoidal transformer_posenc or "
-                  "fairseq transformer of the same size; h and the initial states start at 0"},
+                  "fairseq transformer of the same size; h's output layer and the initial states start at "
+                  "0 (the vanilla model exactly), h's hidden layer keeps its random initialisation"},
+    )
+    floater_cross_attention: bool = field(
+        default=False,
+        metadata={"help": "floater: also bias the keys and values of encoder-decoder attention (the paper, "
+                  "Eq. 12, biases self-attention only)"},
     )
 
 
@@ -162,9 +168,16 @@ class FloaterODE(nn.Module):
         self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module._refresh_for_saving())
 
     def reset_to_vanilla(self):
-        """h = 0 and zero initial states: every bias is 0, the model is the vanilla one."""
+        """h = 0 and zero initial states: every bias is 0, the model is the vanilla one.
+
+        Only h's output layer is zeroed (fc2, its bias and its time column). Zeroing the hidden
+        layer too would leave relu(0) = 0 there: fc2 would get no gradient, fc1 none through
+        fc2 = 0, and h would stay a constant plus a term in t for ever. With fc1 random the
+        hidden layer is non-zero, fc2 learns from the first step and fc1 from the next; the
+        paper initialises the dynamics "with small values" for the same reason.
+        """
         with torch.no_grad():
-            for p in self.parameters():
+            for p in (self.dynamics.fc2.weight, self.dynamics.fc2.bias, self.dynamics.time2, self.initial):
                 p.zero_()
 
     def new_forward(self):
@@ -284,9 +297,11 @@ class FloaterPositionEncoding(PositionEncoding):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
         self.width = num_heads * head_dim
         self.encoder_layers, self.decoder_layers = cfg.encoder.layers, cfg.decoder.layers
+        self.cross_attention = bool(getattr(cfg, "floater_cross_attention", False))
         self._ode = None
         if side == "encoder":
-            states = 3 * self.encoder_layers + 5 * self.decoder_layers
+            # q, k, v of every self-attention block, and k, v of every encoder-decoder one if asked
+            states = 3 * (self.encoder_layers + self.decoder_layers) + 2 * self.decoder_layers * self.cross_attention
             self.ode = FloaterODE(states, self.width, cfg.floater_hidden or self.width, cfg.floater_dt,
                                   cfg.floater_solver, cfg.floater_step, cfg.floater_adjoint)
 
@@ -339,7 +354,7 @@ class FloaterPositionEncoding(PositionEncoding):
         if role == "self":
             rows = self._rows(role, pos.q, pos, q)
             return tuple(x + self._bias(rows, self._state(layer, role, i)) for i, x in enumerate((q, k, v)))
-        if k is None:  # the encoder's keys and values are cached, biases included
+        if not self.cross_attention or k is None:  # cached keys and values carry their biases
             return q, k, v
         rows = self._rows(role, pos.k, pos, k)
         return (q,) + tuple(x + self._bias(rows, self._state(layer, role, i)) for i, x in ((1, k), (2, v)))
@@ -348,7 +363,8 @@ class FloaterPositionEncoding(PositionEncoding):
 def warm_start(model, path: str):
     """Load a vanilla (sinusoidal) model's parameters into a FLOATER model of the same size and
     start FLOATER at h = 0, zero initial states: the result computes exactly what the vanilla
-    model computes (Liu et al.'s warm start)."""
+    model computes (Liu et al.'s warm start), and every parameter of h can learn
+    (:meth:`FloaterODE.reset_to_vanilla`)."""
     import os
 
     if not os.path.isfile(path):

@@ -20,8 +20,10 @@ class ShawRelative(PositionEncoding):
         # (layers, 2k + 1, head dim): index k + (j - i)
         self.rel_k = nn.Parameter(torch.empty(num_layers, 2 * self.max_distance + 1, head_dim))
         self.rel_v = nn.Parameter(torch.empty(num_layers, 2 * self.max_distance + 1, head_dim))
-        nn.init.xavier_uniform_(self.rel_k)
-        nn.init.xavier_uniform_(self.rel_v)
+        # Xavier per layer: on the 3-D tensor the fan would count every layer, and the initial
+        # scale would shrink with the depth
+        for table in (*self.rel_k, *self.rel_v):
+            nn.init.xavier_uniform_(table)
 
     def _index(self, pos):
         k = self.max_distance
