@@ -13,9 +13,12 @@
     python scripts/text_tools.py spm-encode --model spm.model < tok.en > bpe.en
 """
 import argparse
+import contextlib
+import itertools
 import logging
 import os
 import sys
+import unicodedata
 from multiprocessing import Pool
 from typing import Iterator, List, Optional
 
@@ -28,15 +31,31 @@ def _tools(lang: str):
     if lang not in _TOOLS:
         from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 
-        _TOOLS[lang] = (MosesPunctNormalizer(lang, pre_replace_unicode_punct=True, post_remove_control_chars=True),
-                        MosesTokenizer(lang), MosesDetokenizer(lang))
+        # normalize-punctuation.perl only: fairseq's scripts do not run replace-unicode-punctuation.perl
+        _TOOLS[lang] = (MosesPunctNormalizer(lang), MosesTokenizer(lang), MosesDetokenizer(lang))
     return _TOOLS[lang]
 
 
+def remove_non_printing(line: str) -> str:
+    """Moses' remove-non-printing-char.perl: every \\p{C} character (controls, format, unassigned,
+    private use) becomes a space."""
+    return "".join(" " if unicodedata.category(c)[0] == "C" else c for c in line)
+
+
 def tokenize_line(args) -> str:
+    """A training or validation line as fairseq's prepare-wmt14en2*.sh makes it: Moses'
+    normalize-punctuation, remove-non-printing-char, tokenizer -a (escaping on)."""
     lang, line = args
     normalizer, tokenizer, _ = _tools(lang)
-    return tokenizer.tokenize(normalizer.normalize(line), aggressive_dash_splits=True, return_str=True, escape=True)
+    return tokenizer.tokenize(remove_non_printing(normalizer.normalize(line)), aggressive_dash_splits=True,
+                              return_str=True, escape=True)
+
+
+def tokenize_test_line(args) -> str:
+    """A test line as fairseq's scripts make it: ’ -> ' (their sed), then tokenizer -a only."""
+    lang, line = args
+    _, tokenizer, _ = _tools(lang)
+    return tokenizer.tokenize(line.replace("\u2019", "'"), aggressive_dash_splits=True, return_str=True, escape=True)
 
 
 def detokenize_line(lang: str, line: str) -> str:
@@ -68,13 +87,6 @@ def read_file(path: str) -> List[str]:
         return list(utf8_lines(f, path))
 
 
-def write_lines(path: str, lines: List[str]):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
-    os.replace(tmp, path)
-
-
 def keep_pair(n_src: int, n_tgt: int, min_len: int, max_len: int, ratio: float) -> bool:
     """Moses' clean-corpus-n.perl rule for one pair of token counts."""
     if not (min_len <= n_src <= max_len and min_len <= n_tgt <= max_len):
@@ -86,7 +98,7 @@ def cmd_tokenize(args):
     # streamed: a training corpus (giga-fren's 22M lines) is never held in memory
     jobs = ((args.lang, line) for line in stdin_lines())
     with Pool(args.workers) if args.workers > 1 else _Serial() as pool:
-        for line in pool.imap(tokenize_line, jobs, chunksize=1000):
+        for line in pool.imap(tokenize_test_line if args.test_set else tokenize_line, jobs, chunksize=1000):
             sys.stdout.write(line + "\n")
 
 
@@ -96,21 +108,45 @@ def cmd_detokenize(args):
 
 
 def cmd_clean(args):
-    src, tgt = read_file(args.src), read_file(args.tgt)
-    also = [read_file(p) for p in args.also]
-    for path, lines in [(args.tgt, tgt)] + list(zip(args.also, also)):
-        if len(lines) != len(src):
-            raise ValueError(f"{args.src} has {len(src)} lines but {path} has {len(lines)}")
-    if not src:
-        raise ValueError(f"{args.src} is empty")
-    keep = [i for i, (s, t) in enumerate(zip(src, tgt))
-            if keep_pair(len(s.split()), len(t.split()), args.min_len, args.max_len, args.ratio)]
-    write_lines(args.out_src, [src[i] for i in keep])
-    write_lines(args.out_tgt, [tgt[i] for i in keep])
-    for lines, out in zip(also, args.also_out):
-        write_lines(out, [lines[i] for i in keep])
-    print(f"| clean: kept {len(keep)} of {len(src)} pairs ({args.min_len}-{args.max_len} tokens, ratio <= {args.ratio})",
+    """Streamed, as Moses' clean-corpus-n.perl: one line of each file at a time (En-Fr's 36M
+    pairs in four files would be tens of GB as Python lists); the outputs appear only whole."""
+    inputs = [args.src, args.tgt] + list(args.also)
+    outputs = [args.out_src, args.out_tgt] + list(args.also_out)
+    for path in inputs:
+        if not os.path.isfile(path):
+            raise ValueError(f"no such file: {path}")
+    tmps = [f"{path}.tmp.{os.getpid()}" for path in outputs]
+    kept = total = 0
+    with contextlib.ExitStack() as stack:
+        ins = [utf8_lines(stack.enter_context(open(p, "rb")), p) for p in inputs]
+        outs = [stack.enter_context(open(t, "w", encoding="utf-8")) for t in tmps]
+        try:
+            for lines in itertools.zip_longest(*ins):
+                if None in lines:
+                    counts = [_count_lines(p) for p in inputs]
+                    short = next(i for i, line in enumerate(lines) if line is None)
+                    raise ValueError(f"{args.src} has {counts[0]} lines but {inputs[short]} has {counts[short]}")
+                total += 1
+                if keep_pair(len(lines[0].split()), len(lines[1].split()), args.min_len, args.max_len, args.ratio):
+                    kept += 1
+                    for out, line in zip(outs, lines):
+                        out.write(line + "\n")
+            if total == 0:
+                raise ValueError(f"{args.src} is empty")
+        except BaseException:
+            stack.close()
+            for t in tmps:
+                os.remove(t)
+            raise
+    for tmp, path in zip(tmps, outputs):
+        os.replace(tmp, path)
+    print(f"| clean: kept {kept} of {total} pairs ({args.min_len}-{args.max_len} tokens, ratio <= {args.ratio})",
           file=sys.stderr)
+
+
+def _count_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
 
 
 def cmd_spm_train(args):
@@ -147,6 +183,8 @@ def main(argv: Optional[List[str]] = None):
     p = sub.add_parser("tokenize", help="stdin -> stdout")
     p.add_argument("--lang", required=True)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--test-set", action="store_true",
+                   help="as fairseq's scripts treat the test set: straighten ’ and tokenize, nothing else")
     p.set_defaults(fn=cmd_tokenize)
     p = sub.add_parser("detokenize", help="stdin -> stdout")
     p.add_argument("--lang", required=True)

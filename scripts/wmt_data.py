@@ -98,7 +98,8 @@ def verify(path: str, checksum: str) -> str:
 
 
 def download(url: str, path: str):
-    """Download to ``path`` through ``path.part``: an interrupted download leaves no file at ``path``."""
+    """Download to ``path`` through ``path.part``: an interrupted download, or one that ends
+    before the Content-Length the server announced, leaves no file at ``path``."""
     part = path + ".part"
     with urllib.request.urlopen(url) as response, open(part, "wb") as out:
         total = int(response.headers.get("Content-Length") or 0)
@@ -109,11 +110,15 @@ def download(url: str, path: str):
             if total:
                 print(f"\r  {os.path.basename(path)}: {done >> 20} / {total >> 20} MiB", end="", file=sys.stderr)
     print(file=sys.stderr)
+    if total and done != total:
+        os.remove(part)
+        raise DataError(f"{url}: the download stopped at {done} of {total} bytes; run again to download it again")
     os.replace(part, path)
 
 
-def fetch(archives: List[Archive], raw_dir: str, allow_download: bool, check: bool = True):
-    """Check every archive first (so that nothing is written when one is missing), then download."""
+def fetch(archives: List[Archive], raw_dir: str, allow_download: bool, check: bool = True, mirror: str = ""):
+    """Check every archive first (so that nothing is written when one is missing), then download
+    (from ``mirror``/FILE instead of the official URL when a mirror is given)."""
     missing = [a for a in archives if not os.path.isfile(os.path.join(raw_dir, a.file))]
     if missing and not allow_download:
         a = missing[0]
@@ -127,13 +132,25 @@ def fetch(archives: List[Archive], raw_dir: str, allow_download: bool, check: bo
         if os.path.isfile(path):
             print(f"| {a.file} already there, not downloading")
         else:
-            print(f"| downloading {a.url}")
+            url = f"{mirror.rstrip('/')}/{a.file}" if mirror else a.url
+            print(f"| downloading {url}")
             try:
-                download(a.url, path)
+                download(url, path)
             except OSError as e:
-                raise DataError(f"could not download {a.url} ({e}): download it by hand into {raw_dir}/ "
+                raise DataError(f"could not download {url} ({e}): download it by hand into {raw_dir}/ "
                                 f"and pass --raw-dir {raw_dir}") from None
         print("| " + (verify(path, a.checksum) if check else f"{a.file}: checksum not verified (asked not to)"))
+
+
+def fingerprint(archives: List[Archive], raw_dir: str) -> str:
+    """A digest of the archives' names, sizes and modification times: the extract step's
+    setting, so that a replaced archive redoes it (and everything after it)."""
+    digest = hashlib.md5()
+    for a in archives:
+        path = os.path.join(raw_dir, a.file)
+        st = os.stat(path) if os.path.isfile(path) else None
+        digest.update(f"{a.file} {st.st_size if st else -1} {st.st_mtime_ns if st else -1}\n".encode())
+    return digest.hexdigest()[:16]
 
 
 def read_sgm(text: str) -> List[str]:
@@ -244,9 +261,11 @@ def main(argv: Optional[List[str]] = None):
     p_fetch = sub.add_parser("fetch", help="check the archives, downloading the missing ones")
     p_fetch.add_argument("--no-download", action="store_true", help="stop at the first missing archive")
     p_fetch.add_argument("--no-verify", action="store_true", help="do not check the published checksums")
+    p_fetch.add_argument("--mirror", default="", help="download FILE from MIRROR/FILE (a URL) instead of its URL")
+    p_print = sub.add_parser("fingerprint", help="print one line that changes when an archive is replaced")
     p_extract = sub.add_parser("extract", help="write SPLIT.{src,tgt} from the archives' members")
     p_extract.add_argument("--out-dir", required=True)
-    for p in (p_fetch, p_extract):
+    for p in (p_fetch, p_extract, p_print):
         p.add_argument("--sources", required=True, help="the recipe's sources file")
         p.add_argument("--raw-dir", required=True, help="where the archives are (or go)")
         p.add_argument("--src", default="", help="source language (fills {src} in member names)")
@@ -256,7 +275,10 @@ def main(argv: Optional[List[str]] = None):
     try:
         archives, corpora = read_sources(args.sources, args.src, args.tgt)
         if args.command == "fetch":
-            fetch(archives, args.raw_dir, allow_download=not args.no_download, check=not args.no_verify)
+            fetch(archives, args.raw_dir, allow_download=not args.no_download, check=not args.no_verify,
+                  mirror=args.mirror)
+        elif args.command == "fingerprint":
+            print(fingerprint(archives, args.raw_dir))
         else:
             counts = extract(corpora, args.raw_dir, args.src, args.tgt, args.out_dir)
             print("| " + ", ".join(f"{k}: {v} pairs" for k, v in counts.items()))

@@ -1,0 +1,58 @@
+"""scripts/steps.py: a step is redone when its settings change, its marker is gone, or the step
+before it ran again; and so, in turn, is every step after it."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import steps  # noqa: E402
+
+CHAIN = [("extract", "", {"pair": "en-de"}), ("tokenize", "extract", {}), ("learn_bpe", "tokenize", {"size": "60"}),
+         ("apply_bpe", "learn_bpe", {}), ("clean", "apply_bpe", {"ratio": "1.5"})]
+
+
+def _run_chain(directory, chain):
+    """What the recipe does: each stale step runs (its marker rewritten); returns those that ran."""
+    ran = []
+    for name, after, settings in chain:
+        if steps.stale_reason(directory, name, after, settings):
+            steps.mark_done(directory, name, after, settings)
+            ran.append(name)
+    return ran
+
+
+def test_a_changed_setting_redoes_its_step_and_every_later_one(tmp_path):
+    d = str(tmp_path)
+    assert _run_chain(d, CHAIN) == ["extract", "tokenize", "learn_bpe", "apply_bpe", "clean"]
+    assert _run_chain(d, CHAIN) == []
+    changed = [(n, a, {"size": "80"} if n == "learn_bpe" else s) for n, a, s in CHAIN]
+    assert steps.stale_reason(d, "learn_bpe", "tokenize", {"size": "80"}) == "settings changed: size 60 -> 80"
+    assert _run_chain(d, changed) == ["learn_bpe", "apply_bpe", "clean"]
+    assert _run_chain(d, changed) == []
+
+
+def test_a_deleted_marker_redoes_its_step_and_every_later_one(tmp_path):
+    d = str(tmp_path)
+    _run_chain(d, CHAIN)
+    os.remove(tmp_path / "tokenize")
+    assert steps.stale_reason(d, "tokenize", "extract", {}) == "not done yet"
+    assert _run_chain(d, CHAIN) == ["tokenize", "learn_bpe", "apply_bpe", "clean"]
+
+
+def test_an_older_recipes_empty_marker_is_redone(tmp_path):
+    (tmp_path / "extract").write_text("")
+    assert steps.stale_reason(str(tmp_path), "extract", "", {"pair": "en-de"}) == (
+        "its marker records no settings (an older recipe's): redoing it")
+
+
+def test_command_line_exit_status_and_reason(tmp_path, capsys):
+    args = ["--dir", str(tmp_path), "--name", "learn_bpe", "--settings", "bpe=subword-nmt", "size=60"]
+    with pytest.raises(SystemExit) as e:
+        steps.main(["check", *args])
+    assert e.value.code == 1 and capsys.readouterr().out == "not done yet\n"
+    steps.main(["done", *args])
+    steps.main(["check", *args])  # up to date: returns, exit 0
+    with pytest.raises(SystemExit) as e:
+        steps.main(["check", *args[:-1], "size=80"])
+    assert e.value.code == 1 and capsys.readouterr().out == "settings changed: size 60 -> 80\n"
