@@ -1,4 +1,5 @@
 """The relation_distillation criterion: MiniLMv2's relations for encoder-decoder translation."""
+import inspect
 import os
 import re
 import subprocess
@@ -9,11 +10,15 @@ from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_posenc import pipeline, toy_data
+from fairseq_posenc.compat import PosencError
 from fairseq_posenc.criterions.relation_distillation import (
+    RelationDistillationConfig,
     RelationDistillationCriterion,
     relation_kl,
     relation_log_probs,
+    student_widths,
 )
+from fairseq_posenc.models import from_flags
 from toy import TINY, model_args
 
 TEACHER = TINY  # 2 + 2 layers, d=32, 4 heads
@@ -81,6 +86,7 @@ def test_relation_loss_does_not_depend_on_the_students_head_count(setup):
     four.eval(), one.eval()
     crit = criterion(setup)
     a, b = relation_losses(crit, four, setup["sample"]), relation_losses(crit, one, setup["sample"])
+    assert sorted(a) == sorted(b) == ["rel_dec_kk", "rel_dec_qq", "rel_dec_vv", "rel_enc_kk", "rel_enc_qq", "rel_enc_vv"]
     for key in a:
         assert a[key] == pytest.approx(b[key], abs=1e-6)
 
@@ -116,9 +122,62 @@ def test_padding_and_future_positions_contribute_nothing():
     assert causal.exp()[:, :, 1, 2:].abs().max() == 0  # no probability on the future
 
 
-def test_relation_heads_must_divide_both_widths(setup):
-    with pytest.raises(ValueError, match="--relation-heads 48 does not divide the attention width 32"):
-        criterion(setup, relation_heads=48)(student(setup, *STUDENT), setup["sample"])
+def test_relation_heads_that_do_not_divide_the_teacher_stop_at_construction(setup):
+    with pytest.raises(PosencError) as error:
+        criterion(setup, relation_heads=48)
+    assert str(error.value) == ("--relation-heads 48 does not divide the attention width 32 of the teacher's "
+                                "encoder; choose a divisor of 32")
+
+
+def test_relation_heads_that_do_not_divide_the_student_stop_fairseq_train_before_training(setup, tmp_path):
+    # 32 divides the teacher's width (32), not the student's (16)
+    proc = subprocess.run([
+        pipeline.executable("fairseq-train"), setup["bin"], "--user-dir", pipeline.USER_DIR,
+        "--save-dir", str(tmp_path / "run"), "--arch", "transformer_posenc", "--cpu", *STUDENT,
+        "--criterion", "relation_distillation", "--teacher-path", setup["teacher"], "--relation-heads", "32",
+        "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000", "--max-update", "1",
+        "--no-progress-bar", "--num-workers", "0"], capture_output=True, text=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1
+    assert lines[-1] == ("fairseq-train: error: --relation-heads 32 does not divide the attention width 16 of the "
+                         "student's encoder; choose a divisor of 16")
+    assert not any("Traceback" in line for line in lines)
+    assert "examples from:" not in proc.stderr  # no data set was read
+    assert not (tmp_path / "run").exists() or os.listdir(tmp_path / "run") == []
+
+
+def _untrained_teacher(setup, path, arch):
+    """A checkpoint of ``arch``'s width and heads (one layer per stack, small FFN: only the widths
+    matter here) in the format fairseq-train saves, sharing the toy data's dictionaries."""
+    state = torch.load(setup["teacher"], map_location="cpu")
+    args = from_flags.model_args(arch, ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-ffn-embed-dim",
+                                        "32", "--decoder-ffn-embed-dim", "32", "--position-encoding", "t5"])
+    state["cfg"]["model"] = args
+    state["model"] = ARCH_MODEL_REGISTRY[arch].build_model(args, setup["task"]).state_dict()
+    torch.save(state, path)
+    return args
+
+
+def test_default_relation_heads_divide_base_and_big_widths(setup, tmp_path):
+    default = inspect.signature(RelationDistillationCriterion).parameters["relation_heads"].default
+    assert RelationDistillationConfig().relation_heads == default == 64
+    big = _untrained_teacher(setup, tmp_path / "big.pt", "transformer_posenc_wmt_en_de_big")
+    base = _untrained_teacher(setup, tmp_path / "base.pt", "transformer_posenc_wmt_en_de")
+    assert student_widths(big) == {"enc": 1024, "dec": 1024} and student_widths(base) == {"enc": 512, "dec": 512}
+    # a big teacher distilled into a base student, with the default relation heads
+    crit = RelationDistillationCriterion(setup["task"], False, 0.1, teacher_path=str(tmp_path / "big.pt"))
+    assert crit.heads == 64
+    crit.check_widths(student_widths(base), "student")
+    torch.manual_seed(0)
+    model = ARCH_MODEL_REGISTRY["transformer_posenc"].build_model(base, setup["task"])
+    losses = relation_losses(crit, model, setup["sample"])
+    assert sorted(losses) == ["rel_dec_kk", "rel_dec_qq", "rel_dec_vv", "rel_enc_kk", "rel_enc_qq", "rel_enc_vv"]
+    assert all(0 < v < float("inf") for v in losses.values())
+    # and a value that divides neither stops when the criterion is built
+    with pytest.raises(PosencError, match="--relation-heads 48 does not divide the attention width 1024 of the "
+                                          "teacher's encoder; choose a divisor of 1024"):
+        RelationDistillationCriterion(setup["task"], False, 0.1, teacher_path=str(tmp_path / "big.pt"),
+                                      relation_heads=48)
 
 
 def test_a_teacher_with_another_dictionary_is_refused(setup, tmp_path):

@@ -25,6 +25,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from torch import Tensor
 
+from ..compat import PosencError
+
 RELATIONS = {"qq": "q_proj", "kk": "k_proj", "vv": "v_proj"}
 SITES = {"enc": "encoder", "dec": "decoder"}
 
@@ -81,6 +83,9 @@ class SelfAttentionInputs:
 
         return record
 
+    def widths(self) -> Dict[str, int]:
+        return {site: attention.q_proj.out_features for site, attention in self.attention.items()}
+
     def project(self, site: str, relation: str) -> Tensor:
         projection = getattr(self.attention[site], RELATIONS[relation])
         return F.linear(self.inputs[site], projection.weight, projection.bias)
@@ -91,7 +96,11 @@ class RelationDistillationConfig(LabelSmoothedCrossEntropyCriterionConfig):
     teacher_path: Optional[str] = field(
         default=None, metadata={"help": "checkpoint of the teacher (any plugin architecture, same dictionaries)"}
     )
-    relation_heads: int = field(default=48, metadata={"help": "relation heads A_r, shared by teacher and student"})
+    relation_heads: int = field(
+        default=64,
+        metadata={"help": "relation heads A_r, shared by teacher and student; must divide both attention widths "
+                          "(64 divides every power-of-two width from 64 up; MiniLMv2 used 48 at BERT's 768)"},
+    )
     relations: str = field(default="qq,kk,vv", metadata={"help": "comma-separated relations among qq, kk, vv"})
     relation_weight: float = field(default=1.0, metadata={"help": "weight of the relation loss"})
     no_encoder_relations: bool = field(default=False, metadata={"help": "do not distil encoder self-attention"})
@@ -105,7 +114,7 @@ class RelationDistillationConfig(LabelSmoothedCrossEntropyCriterionConfig):
 @register_criterion("relation_distillation", dataclass=RelationDistillationConfig)
 class RelationDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
-                 teacher_path=None, relation_heads=48, relations="qq,kk,vv", relation_weight=1.0,
+                 teacher_path=None, relation_heads=64, relations="qq,kk,vv", relation_weight=1.0,
                  no_encoder_relations=False, no_decoder_relations=False, teacher_encoder_layer=-1,
                  teacher_decoder_layer=-1, student_encoder_layer=-1, student_decoder_layer=-1):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
@@ -125,7 +134,28 @@ class RelationDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
         # A plain tuple: the teacher is neither trained, nor saved with the criterion, nor put
         # in training mode by criterion.train().
         self._teacher = (teacher, SelfAttentionInputs(teacher, {s: self.teacher_layers[s] for s in self.sites}))
+        self.check_widths(self._teacher[1].widths(), "teacher")
         self._student = None
+
+    @classmethod
+    def build_criterion(cls, cfg, task):
+        """As fairseq builds every criterion, then the student's widths are checked from its
+        config (fairseq-train builds the model first): a bad --relation-heads stops at start-up,
+        not at the first training step."""
+        criterion = super().build_criterion(cfg, task)
+        student = _model_config(cfg)
+        if student is not None:
+            criterion.check_widths(student_widths(student), "student")
+        return criterion
+
+    def check_widths(self, widths: Dict[str, int], who: str):
+        """``widths``: the attention width (heads x head size) of each site."""
+        for site in self.sites:
+            if widths[site] % self.heads:
+                raise PosencError(
+                    f"--relation-heads {self.heads} does not divide the attention width {widths[site]} of the "
+                    f"{who}'s {SITES[site]}; choose a divisor of {widths[site]}"
+                )
 
     def forward(self, model, sample, reduce=True):
         student_inputs = self._hook_student(model)
@@ -157,7 +187,9 @@ class RelationDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
 
     def _hook_student(self, model) -> SelfAttentionInputs:
         if self._student is None or self._student[0] is not model:
-            self._student = (model, SelfAttentionInputs(model, {s: self.student_layers[s] for s in self.sites}))
+            inputs = SelfAttentionInputs(model, {s: self.student_layers[s] for s in self.sites})
+            self.check_widths(inputs.widths(), "student")  # a model given in Python, not built by fairseq-train
+            self._student = (model, inputs)
         return self._student[1]
 
     @classmethod
@@ -172,6 +204,29 @@ class RelationDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
             rows = sum(utils.item(log.get(f"rel_{site}_rows", 0)) for log in logging_outputs)
             total = sum(utils.item(log.get(key, 0)) for log in logging_outputs)
             metrics.log_scalar(key, total / max(rows, 1), rows, round=4)
+
+
+def student_widths(args) -> Dict[str, int]:
+    """Attention width of each site from a model config: heads x --attention-head-dim, or the
+    embedding width when no head size is set (as the attention layers build their projections)."""
+    head_dim = getattr(args, "attention_head_dim", None)
+    widths = {}
+    for site, side in SITES.items():
+        heads, embed = getattr(args, f"{side}_attention_heads"), getattr(args, f"{side}_embed_dim")
+        widths[site] = heads * head_dim if head_dim else embed
+    return widths
+
+
+def _model_config(cfg):
+    """The model's config next to the criterion's in fairseq's composed config, or None when the
+    criterion was given a config of its own (built in Python)."""
+    from omegaconf import DictConfig
+
+    if not isinstance(cfg, DictConfig):
+        return None
+    model = cfg._get_root().get("model")
+    needed = ("encoder_embed_dim", "decoder_embed_dim", "encoder_attention_heads", "decoder_attention_heads")
+    return model if model is not None and all(getattr(model, k, None) for k in needed) else None
 
 
 def load_teacher(path: Optional[str], task):
