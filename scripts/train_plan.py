@@ -138,7 +138,8 @@ def dataset_sizes(data_bin: str, src: str, tgt: str):
 
 def batches_per_epoch(src_sizes, tgt_sizes, max_tokens: int) -> int:
     """The batches fairseq-train makes: pairs sorted by target then source length (as
-    LanguagePairDataset.ordered_indices) and cut by fairseq's batch_by_size."""
+    LanguagePairDataset.ordered_indices) and cut by fairseq's batch_by_size, batch sizes a
+    multiple of 8 where they exceed 8 (fairseq's --required-batch-size-multiple default)."""
     import numpy as np
     from fairseq.data import data_utils
 
@@ -152,7 +153,7 @@ def batches_per_epoch(src_sizes, tgt_sizes, max_tokens: int) -> int:
     indices = indices[np.argsort(src_sizes[indices], kind="mergesort")]
     num_tokens = np.maximum(src_sizes, tgt_sizes)
     batches = data_utils.batch_by_size(indices, lambda i: num_tokens[i], num_tokens_vec=num_tokens[indices],
-                                       max_tokens=max_tokens)
+                                       max_tokens=max_tokens, required_batch_size_multiple=8)
     return len(batches)
 
 

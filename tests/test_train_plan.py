@@ -110,7 +110,8 @@ def test_en_fr_like_plan_on_8_gpus_uses_update_freq_1_and_counts_disk(en_fr_like
     out = proc.stdout
     assert "| device: 8 GPU(s) (--bf16); decoding on 1 GPU (bf16)" in out
     assert "| tokens per update: 4096 x 8 GPU x update-freq 1 = 32768 padded tokens at most" in out
-    # 163 pairs of 25 tokens a batch: 10 batches, 2 per GPU (the last GPU's padded), 2 updates an epoch
+    # 160 pairs of 25 tokens a batch (163 fit, cut to a multiple of 8 as fairseq does): 10 batches, 2 per
+    # GPU (the last GPUs get empty ones), 2 updates an epoch
     assert "10 batches of --max-tokens 4096" in out and "| updates per epoch: 2" in out
     assert "| averaged: updates 15, 21, 27, 33, 39 (the last 27 updates of training)" in out
     # 100 tokens (vocab) x 512 + 6 x 3,152,384 + 6 x 4,204,032 parameters = 44.19M, 12 bytes each;
@@ -179,3 +180,18 @@ def test_check_finished_by_update_and_by_epoch(tmp_path, run):
                                    "update 300000 or epoch 30: training is unfinished")
     proc = run("check-finished", "--checkpoint", str(tmp_path / "none.pt"), "--max-update", "1")
     assert proc.returncode == 3 and f"no checkpoint {tmp_path}/none.pt: has training run?" in proc.stderr
+
+
+@pytest.mark.parametrize("max_tokens", [300, 1000, 4096])
+def test_batches_per_epoch_are_the_ones_fairseq_makes(tmp_path, max_tokens):
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(2, 120, 700), rng.integers(2, 120, 700)
+    data_bin = _data_bin(tmp_path, src, tgt)
+    task = TranslationTask.setup_task(TranslationConfig(data=data_bin, source_lang="en", target_lang="fr",
+                                                        dataset_impl="mmap"))
+    task.load_dataset("train")
+    iterator = task.get_batch_iterator(task.dataset("train"), max_tokens=max_tokens, max_positions=(1024, 1024),
+                                       required_batch_size_multiple=8, seed=1, epoch=1)
+    assert train_plan.batches_per_epoch(*train_plan.dataset_sizes(data_bin, "en", "fr"), max_tokens) == len(iterator)
