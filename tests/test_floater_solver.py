@@ -1,0 +1,106 @@
+"""FLOATER's rk4 with the hand-written backward computes what torchdiffeq's rk4 computes."""
+import pytest
+import torch
+from torchdiffeq import odeint
+
+from fairseq_posenc.positions.floater import FloaterODE
+from fairseq_posenc.positions.floater_solver import _RK4, rk4
+
+H = ("fc1.weight", "fc1.bias", "time1", "fc2.weight", "fc2.bias", "time2")
+
+
+def _ode(step=None, seed=3, **kwargs):
+    torch.manual_seed(seed)
+    ode = FloaterODE(num_states=6, dim=16, hidden=12, dt=0.1, solver="rk4", step=step, adjoint=False, **kwargs)
+    with torch.no_grad():  # initial states large enough that the trajectory is not flat
+        ode.initial.normal_(std=0.5)
+    return ode
+
+
+def _solve_and_grads(ode, y0, start, end, solve):
+    """The solution from ``y0`` at positions start .. end - 1 and the gradients of a random
+    weighting of it with respect to y0 and every parameter of h."""
+    field = ode.dynamics.float32()
+    times = torch.arange(start, end, dtype=torch.float32) * ode.dt
+    solution = solve(field, y0, times)
+    weights = torch.randn(solution.shape, generator=torch.Generator().manual_seed(end))
+    params = [y0] + [dict(ode.dynamics.named_parameters())[name] for name in H]
+    grads = torch.autograd.grad((solution * weights).sum(), params)
+    return solution.detach(), dict(zip(("y0",) + H, grads))
+
+
+def _torchdiffeq(ode):
+    return lambda field, y0, times: odeint(field, y0, times, method="rk4", options={"step_size": ode.step})
+
+
+def _fast(ode):
+    return lambda field, y0, times: rk4(field.weights, y0, times, ode.step)
+
+
+@pytest.mark.parametrize("step", [None, 0.03])  # dt / 5, and a step the positions fall inside of
+@pytest.mark.parametrize("start, end", [(0, 40), (13, 31), (0, 2)])  # from 0, an extension, one step
+def test_fast_rk4_gives_torchdiffeqs_solution_and_gradients(step, start, end):
+    ode = _ode(step)
+    y0 = (ode.initial.detach() + 0.1 * start).requires_grad_()
+    expected, expected_grads = _solve_and_grads(ode, y0, start, end, _torchdiffeq(ode))
+    got, got_grads = _solve_and_grads(ode, y0, start, end, _fast(ode))
+    assert got.shape == expected.shape == (end - start, 6, 16)
+    assert expected.abs().max() > 0.5 and (expected[-1] - expected[0]).abs().max() > 0.05  # the state moves
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    for name in expected_grads:
+        assert expected_grads[name].abs().max() > 1e-3, name  # every gradient is live
+        torch.testing.assert_close(got_grads[name], expected_grads[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_the_ode_takes_the_fast_rk4_only_where_it_computes_the_same():
+    assert type(_ode()._solve(_ode().initial, 0, 5).grad_fn).__name__ == _RK4.__name__ + "Backward"
+    for kwargs in ({"adjoint": True}, {"solver": "midpoint"}):
+        torch.manual_seed(0)
+        ode = FloaterODE(**{"num_states": 2, "dim": 4, "hidden": 4, "dt": 0.1, "solver": "rk4", "step": None,
+                            "adjoint": False, **kwargs})
+        assert _RK4.__name__ not in type(ode._solve(ode.initial, 0, 5).grad_fn).__name__, kwargs
+
+
+def _plain_torchdiffeq_solve(ode):
+    """FloaterODE._solve as it was before the fast path: torchdiffeq's odeint through autograd."""
+    def solve(y0, start, end):
+        times = torch.arange(start, end, dtype=torch.float32) * ode.dt
+        return odeint(ode.dynamics.float32(), y0, times, method="rk4", options={"step_size": ode.step})
+    return solve
+
+
+@pytest.mark.parametrize("warm", [False, True])  # h random; h's output layer at 0 (the warm start)
+def test_ode_gradients_through_the_fast_rk4_equal_torchdiffeqs(warm):
+    grads = []
+    for fast in (True, False):
+        ode = _ode()
+        if warm:
+            ode.reset_to_vanilla()
+            with torch.no_grad():
+                ode.initial.normal_(std=0.5)
+        if not fast:
+            ode._solve = _plain_torchdiffeq_solve(ode)
+        ode.positions(25).pow(2).sum().backward()
+        grads.append({name: p.grad for name, p in ode.named_parameters()})
+    assert grads[0].keys() == grads[1].keys() == {"initial"} | {"dynamics." + n for n in H}
+    for name in grads[0]:
+        if not warm or name in ("dynamics.fc2.weight", "dynamics.fc2.bias", "dynamics.time2", "initial"):
+            assert grads[1][name].abs().max() > 1e-3, name
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_fast_rk4_solves_in_float32_under_autocast():
+    ode = _ode()
+    with torch.no_grad():
+        plain = ode._solve(ode.initial, 0, 30)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            under_autocast = ode._solve(ode.initial, 0, 30)
+    assert under_autocast.dtype == torch.float32
+    torch.testing.assert_close(under_autocast, plain, atol=0, rtol=0)
+
+
+def test_fast_rk4_without_gradients_equals_the_solution_with_them():
+    ode = _ode()
+    with torch.no_grad():
+        kept = ode._solve(ode.initial, 0, 30)
+    torch.testing.assert_close(ode._solve(ode.initial, 0, 30).detach(), kept, atol=0, rtol=0)
