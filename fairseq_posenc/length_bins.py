@@ -1,4 +1,5 @@
-"""Length generalisation: split a corpus by source length, and score translations per length bin.
+"""Length generalisation: split a corpus by source length into a training part and test bins
+(the report that scores translations per bin is fairseq_posenc/study_report.py).
 
 FLOATER's protocol (Liu et al., 2020, Sec. 4.3) is the default: train on pairs whose source is
 shorter than 80 tokens, test on the rest binned as [80,100), [100,120), [120,140), [140,inf).
@@ -93,66 +94,6 @@ def split_by_length(src_path: str, tgt_path: str, out_dir: str, src_lang: str, t
                                   "prefix": prefix, "sentences": len(pairs)})
     write_text_atomically(os.path.join(out_dir, "split.json"), json.dumps(manifest, indent=2) + "\n")
     return manifest
-
-
-def bleu_by_bin(sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str],
-                edges: Sequence[int]) -> List[Dict]:
-    """SacreBLEU per source-length bin: [{bin, sentences, bleu, signature}] for non-empty bins."""
-    from sacrebleu.metrics import BLEU
-
-    rows = []
-    for b in make_bins(edges):
-        picked = [i for i, s in enumerate(sources) if len(s.split()) in b]
-        if not picked:
-            continue
-        metric = BLEU()
-        score = metric.corpus_score([hypotheses[i] for i in picked], [[references[i] for i in picked]])
-        rows.append({"bin": b.name, "low": b.low, "sentences": len(picked), "bleu": round(score.score, 2),
-                     "signature": str(metric.get_signature())})
-    return rows
-
-
-def write_report(results: Dict[str, List[Dict]], out_prefix: str, unit: str, title: str = "") -> Dict[str, str]:
-    """``results[model] = bleu_by_bin(...)`` -> Markdown table, JSON and a PNG plot of BLEU
-    against source length, one line per model. Returns the paths written."""
-    bins = sorted({(r["low"], r["bin"]) for rows in results.values() for r in rows})
-    header = ["model"] + [f"{name} ({unit})" for _, name in bins]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for model, rows in results.items():
-        by_bin = {r["bin"]: r for r in rows}
-        lines.append("| " + " | ".join([model] + [
-            f"{by_bin[name]['bleu']:.2f} ({by_bin[name]['sentences']})" if name in by_bin else "-"
-            for _, name in bins]) + " |")
-    signature = next((r["signature"] for rows in results.values() for r in rows), "")
-    markdown = "\n".join(lines) + f"\n\nSacreBLEU per bin of source length in {unit} (sentences in brackets); {signature}\n"
-    paths = {"markdown": out_prefix + ".md", "json": out_prefix + ".json", "plot": out_prefix + ".png"}
-    write_text_atomically(paths["markdown"], markdown)
-    write_text_atomically(paths["json"], json.dumps({"unit": unit, "results": results}, indent=2) + "\n")
-    _plot(results, bins, unit, title, paths["plot"])
-    return paths
-
-
-def _plot(results, bins, unit, title, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    positions = {name: i for i, (_, name) in enumerate(bins)}
-    for model, rows in results.items():
-        ax.plot([positions[r["bin"]] for r in rows], [r["bleu"] for r in rows], marker="o", label=model)
-    ax.set_xticks(range(len(bins)), [name for _, name in bins])
-    ax.set_xlabel(f"source length ({unit})")
-    ax.set_ylabel("SacreBLEU")
-    ax.set_title(title or "BLEU against source length")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
 
 
 def _write_lines(path: str, lines: Sequence[str]):

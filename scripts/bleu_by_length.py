@@ -1,11 +1,19 @@
 #!/usr/bin/env python
-"""SacreBLEU per source-length bin for one or more models, as a table (Markdown, JSON) and a plot.
+"""The length-generalisation report for one or more models, each decoded once per training seed:
+per bin of source length SacreBLEU, chrF, the length ratio hyp/ref and the sentences, as mean ±
+std over seeds, with a paired bootstrap 95% interval of each model's BLEU difference from a
+baseline; a Markdown table, JSON, and a two-panel plot (BLEU, length ratio).
 
-    python scripts/bleu_by_length.py --generation sinusoidal=gen.sin.txt floater=gen.floater.txt \\
-        --out results/length [--bins 80 100 120 140] [--unit subwords]
+    python scripts/bleu_by_length.py --generation sinusoidal=gen.sin.s1.txt,gen.sin.s2.txt \\
+        t5=gen.t5.s1.txt,gen.t5.s2.txt --baseline sinusoidal --out results/length \\
+        [--bins 80 100 120 140] [--unit subwords] [--decoding-log gen.sin.s1.log ...]
 
-Each generation file is the output of ``fairseq-generate`` (its S-, T- and H- lines); the bins are
-over the source as it prints it (pass --remove-bpe to fairseq-generate to count words).
+Each generation file is the output of ``fairseq-generate`` (its S-, T- and H- lines), one per seed
+(comma-separated, the same seeds in the same order for every model); the bins are over the source
+as it prints it (pass --remove-bpe to fairseq-generate to count words). The report's footer says
+whether fairseq-generate's --max-len-a/-b allowed 1.5x the longest source plus 10 target tokens:
+it reads them from the config line of fairseq-generate's log (its stderr; the demo's generation
+files hold it), given with --decoding-log or found in the generation files themselves.
 """
 import argparse
 import logging
@@ -15,35 +23,81 @@ import sys
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fairseq_posenc.length_bins import DEFAULT_EDGES, bleu_by_bin, read_lines, write_report  # noqa: E402
+from fairseq_posenc import study_report  # noqa: E402
+from fairseq_posenc.length_bins import DEFAULT_EDGES, read_lines  # noqa: E402
 from fairseq_posenc.pipeline import parse_generate_output  # noqa: E402
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--generation", nargs="+", required=True, metavar="MODEL=FILE",
-                        help="fairseq-generate output of each model, named")
+    parser.add_argument("--generation", nargs="+", required=True, metavar="MODEL=FILE[,FILE...]",
+                        help="fairseq-generate output of each model, named; several files (one per seed) "
+                             "comma-separated")
+    parser.add_argument("--baseline", help="model the others are compared with (default: sinusoidal if given, "
+                                           "else the first)")
     parser.add_argument("--out", required=True, help="output prefix: writes PREFIX.md, PREFIX.json, PREFIX.png")
     parser.add_argument("--bins", type=int, nargs="+", default=list(DEFAULT_EDGES),
                         help="left edges of the bins; the last is open-ended")
     parser.add_argument("--unit", default="words", help="what the source's space-separated tokens are")
     parser.add_argument("--title", default="", help="plot title")
+    parser.add_argument("--bootstrap-samples", type=int, default=study_report.N_BOOTSTRAP,
+                        help="paired bootstrap resamples of the test sentences")
+    parser.add_argument("--decoding-log", nargs="+", default=[],
+                        help="fairseq-generate logs (stderr) to read --max-len-a/-b from, for the footer's check")
+    parser.add_argument("--decoded-source", help="the source file the model decoded (segmented), to count the "
+                                                 "longest source in the model's tokens (default: the S- lines)")
     args = parser.parse_args(argv)
-    results = {}
+    if args.bootstrap_samples < 40:
+        parser.error(f"--bootstrap-samples must be at least 40 for a 95% interval, got {args.bootstrap_samples}")
+
+    def fail(message):
+        parser.exit(2, f"bleu_by_length.py: error: {message}\n")
+
+    runs, texts = {}, []
     for item in args.generation:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            parser.error(f"--generation takes MODEL=FILE, got {item!r}")
-        try:
-            generation = parse_generate_output("\n".join(read_lines(path)))
-        except (OSError, ValueError) as e:
-            parser.exit(2, f"bleu_by_length.py: error: {e}\n")
-        if not generation.hypotheses:
-            parser.exit(2, f"bleu_by_length.py: error: {path} has no H- lines: is it fairseq-generate output?\n")
-        results[name] = bleu_by_bin(generation.sources, generation.hypotheses, generation.references, args.bins)
-    paths = write_report(results, args.out, args.unit, args.title)
+        name, sep, paths = item.partition("=")
+        if not sep or not name or not paths or "" in paths.split(","):
+            parser.error(f"--generation takes MODEL=FILE[,FILE...], got {item!r}")
+        if name in runs:
+            parser.error(f"--generation names {name} twice")
+        runs[name] = []
+        for path in paths.split(","):
+            try:
+                text = "\n".join(read_lines(path))
+            except (OSError, ValueError) as e:
+                fail(e)
+            generation = parse_generate_output(text)
+            if not generation.hypotheses:
+                fail(f"{path} has no H- lines: is it fairseq-generate output?")
+            runs[name].append(generation)
+            texts.append(text)
+    counts = {name: len(gens) for name, gens in runs.items()}
+    if len(set(counts.values())) > 1:
+        fail("every model needs one generation per seed, the same number: got "
+             + ", ".join(f"{name} {n}" for name, n in counts.items()))
+    try:
+        for path in args.decoding_log:
+            texts.append("\n".join(read_lines(path)))
+        sources = read_lines(args.decoded_source) if args.decoded_source else runs[next(iter(runs))][0].sources
+        footer = decoding_footer(texts, sources)
+        report = study_report.build_report(runs, args.bins, args.unit, args.baseline, args.bootstrap_samples,
+                                           seeds=list(range(1, len(next(iter(runs.values()))) + 1)), footer=footer)
+    except (OSError, ValueError) as e:
+        fail(e)
+    paths = study_report.write_report(report, args.out, args.title)
     print(open(paths["markdown"]).read())
     print("| wrote " + ", ".join(paths.values()))
+
+
+def decoding_footer(texts, sources) -> str:
+    limits = {limit for limit in map(study_report.read_decoding_limit, texts) if limit is not None}
+    if not limits:
+        return ("Decoding limit: not checked (no fairseq-generate config line found; pass its log with "
+                "--decoding-log).")
+    # +1: fairseq counts the end-of-sentence token in the source length
+    longest = max(len(s.split()) for s in sources) + 1
+    # one note per distinct limit, when the runs used several
+    return " ".join(study_report.decoding_limit_note(a, b, longest) for a, b in sorted(limits))
 
 
 if __name__ == "__main__":

@@ -11,14 +11,21 @@ English to French does, so a model must know which words are neighbours (--toy-p
 the whole sentence is reversed). Models train on sentences of 3-12 words and are tested on
 sentences as long (in range) and longer (13-30 words). For each encoding the table gives
 parameters, training time and SacreBLEU per source-length bin (beam 4, length penalty 0.6, the
-last 3 epoch checkpoints averaged); it is written as Markdown and JSON with a PNG plot.
-With --data-bin, the study runs on your own preprocessed corpus instead (its test set binned).
+last 3 epoch checkpoints averaged).
+
+With --seeds, each encoding is trained once per seed (``--seeds 3``: seeds 1, 2, 3; or a list,
+``--seeds 1 5 9``), and the report gives per bin SacreBLEU, chrF and the length ratio hyp/ref as
+mean ± std over seeds, with a paired bootstrap 95% interval of each encoding's BLEU difference
+from --baseline (fairseq_posenc/study_report.py): Markdown and JSON, and a two-panel PNG plot.
+With --data-bin, the study runs on your own preprocessed corpus instead (its test set binned):
+say how it is segmented (--bpe) and what the bins count (--unit); BLEU is on detokenized text.
 """
 import argparse
 import concurrent.futures
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -26,10 +33,18 @@ import time
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fairseq_posenc import pipeline, toy_data  # noqa: E402
-from fairseq_posenc.length_bins import bleu_by_bin, write_report, write_text_atomically  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # score_translation, text_tools, when imported
+from fairseq_posenc import pipeline, study_report, toy_data  # noqa: E402
+from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.models.from_flags import MODEL_SIZES  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
+from score_translation import remove_bpe  # noqa: E402
+from text_tools import detokenize_line  # noqa: E402
+
+MAX_POSITIONS = 1024
+# fairseq-generate stops at a * source length + b target tokens: 1.5x + 50 lets a model that runs
+# on show it (FLOATER ran to 1.57x on a real corpus) and is never below recipes' x + 50
+MAX_LEN_A, MAX_LEN_B = 1.5, 50
 
 # Per-encoding settings that keep the study within its time budget on 2 CPU cores: FLOATER's
 # paper default (rk4 with step dt / 5) costs 5x the solver steps of one step per position.
@@ -44,14 +59,15 @@ def toy_corpus(out: str, args) -> str:
     }
     print(f"| writing the {args.toy_pair} toy corpus to {out}/raw: train {args.train_size} pairs of 3-{args.train_max_len} "
           f"words, test {args.test_size} pairs of 3-{top} words", flush=True)
-    prefixes = toy_data.write_toy_corpus(os.path.join(out, "raw"), splits, seed=args.seed, pair=args.toy_pair)
+    prefixes = toy_data.write_toy_corpus(os.path.join(out, "raw"), splits, seed=args.data_seed, pair=args.toy_pair)
     return pipeline.preprocess(prefixes, os.path.join(out, "bin"))
 
 
-def train_flags(encoding: str, args) -> list:
-    flags = pipeline.toy_train_flags(encoding, args.max_update, args.seed, size=args.size, lr=args.lr,
+def train_flags(encoding: str, seed: int, args) -> list:
+    flags = pipeline.toy_train_flags(encoding, args.max_update, seed, size=args.size, lr=args.lr,
                                      max_tokens=args.max_tokens)
-    return flags + ["--max-source-positions", "1024", "--max-target-positions", "1024"] + OVERRIDES.get(encoding, [])
+    positions = ["--max-source-positions", str(MAX_POSITIONS), "--max-target-positions", str(MAX_POSITIONS)]
+    return flags + positions + OVERRIDES.get(encoding, [])
 
 
 def parameters(checkpoint: str) -> int:
@@ -68,22 +84,52 @@ def parameters(checkpoint: str) -> int:
     return total
 
 
-def study(n: int, encoding: str, data_bin: str, edges, out: str, args):
-    """Train, average and decode one model: its table row and its BLEU per bin."""
-    save_dir = os.path.join(out, "checkpoints", encoding)
-    print(f"| [{n}/{len(args.encodings)}] training {encoding} for {args.max_update} updates "
+def data_languages(data_bin: str):
+    """(source, target) of a fairseq-preprocess directory, from its test set's file names."""
+    for name in sorted(os.listdir(data_bin)):
+        m = re.match(r"^test\.([^.]+)-([^.]+)\.\1\.bin$", name)
+        if m:
+            return m.group(1), m.group(2)
+    raise FileNotFoundError(f"no test set (test.SRC-TGT.SRC.bin) in {data_bin}: run fairseq-preprocess with --testpref")
+
+
+def postprocess(generation: pipeline.Generation, args, tgt_lang: str) -> pipeline.Generation:
+    """Words for the bins when --unit words, detokenized text for scoring, as the recipes do: BLEU
+    on subword tokens is not BLEU. The toy corpus is words already and stays as it is."""
+    if not args.data_bin:
+        return generation
+    seg = args.bpe
+    sources = generation.sources if args.unit == "subwords" else [remove_bpe(s, seg) for s in generation.sources]
+    return pipeline.Generation([detokenize_line(tgt_lang, remove_bpe(h, seg)) for h in generation.hypotheses],
+                               [detokenize_line(tgt_lang, remove_bpe(t, seg)) for t in generation.references],
+                               sources, generation.ids)
+
+
+def run_one(n: int, total: int, encoding: str, seed: int, data_bin: str, out: str, args, tgt_lang: str):
+    """Train, average and decode one model (encoding, seed)."""
+    save_dir = os.path.join(out, "checkpoints", encoding, f"seed{seed}")
+    print(f"| [{n}/{total}] training {encoding} seed {seed} for {args.max_update} updates "
           f"(log: {save_dir}/train.log)", flush=True)
     start = time.time()
-    pipeline.train(data_bin, save_dir, train_flags(encoding, args))
+    pipeline.train(data_bin, save_dir, train_flags(encoding, seed, args))
     train_seconds = time.time() - start
     averaged = pipeline.average_checkpoints(save_dir, 3, os.path.join(save_dir, "averaged.pt"))
-    generation = pipeline.generate(data_bin, averaged, subset="test", beam=4, lenpen=0.6)
-    bins = bleu_by_bin(generation.sources, generation.hypotheses, generation.references, edges)
-    print(f"| {encoding:10s} trained in {train_seconds:5.0f} s; BLEU by source length: "
-          + ", ".join(f"{r['bin']} {r['bleu']:.1f}" for r in bins), flush=True)
-    row = {"encoding": encoding, "parameters": parameters(averaged), "train_seconds": round(train_seconds, 1),
-           **{r["bin"]: r["bleu"] for r in bins}}
-    return row, bins
+    log = os.path.join(out, "generations", f"{encoding}.seed{seed}.txt")
+    raw = pipeline.generate(data_bin, averaged, subset="test", beam=4, lenpen=0.6, log=log,
+                            extra=["--max-len-a", f"{MAX_LEN_A:g}", "--max-len-b", str(MAX_LEN_B)])
+    generation = postprocess(raw, args, tgt_lang)
+    print(f"| [{n}/{total}] {encoding} seed {seed} trained in {train_seconds:.0f} s, decoded "
+          f"{len(generation.hypotheses)} test sentences (output: {log})", flush=True)
+    return {"encoding": encoding, "seed": seed, "parameters": parameters(averaged),
+            "train_seconds": round(train_seconds, 1)}, raw, generation
+
+
+def parse_seeds(values):
+    """``--seeds 3`` is seeds 1, 2, 3; several values are the seeds themselves."""
+    seeds = list(range(1, values[0] + 1)) if len(values) == 1 else list(values)
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"--seeds takes a count N >= 1 or distinct non-negative seeds, got {values}")
+    return seeds
 
 
 def main(argv=None):
@@ -91,6 +137,11 @@ def main(argv=None):
     parser.add_argument("--out", default="demo_output", help="working and output directory")
     parser.add_argument("--encodings", nargs="+", default=list(POSITION_ENCODINGS), choices=list(POSITION_ENCODINGS),
                         help="position encodings to train and compare (default: all)")
+    parser.add_argument("--baseline", default=None,
+                        help="encoding the others are compared with (default: sinusoidal, else the first)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1],
+                        help="training seeds: one count N for seeds 1..N (--seeds 3), or several seeds "
+                             "(--seeds 1 5 9); one model per encoding and seed (default: seed 1)")
     parser.add_argument("--size", choices=list(MODEL_SIZES), default="tiny",
                         help="model size, all models the same: " + ", ".join(
                             f"{name} (d={d}, {n}+{n} layers)" for name, (n, d, _, _) in MODEL_SIZES.items()))
@@ -104,57 +155,88 @@ def main(argv=None):
     parser.add_argument("--test-size", type=int, default=400, help="toy test sentence pairs")
     parser.add_argument("--train-max-len", type=int, default=12, help="longest toy training source, in words")
     parser.add_argument("--long-max-len", type=int, default=30, help="longest toy test source, in words")
+    parser.add_argument("--data-seed", type=int, default=1, help="seed of the toy corpus (the same for every model)")
     parser.add_argument("--bins", type=int, nargs="+", default=None,
                         help="left edges of the source-length bins (default: 3, then every 6 words past training)")
     parser.add_argument("--data-bin", help="your own fairseq-preprocess output (train, valid, test; joined dictionary)")
-    parser.add_argument("--unit", default="words", help="what the source tokens are, for the report (with --data-bin)")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--bpe", choices=["none", "subword_nmt", "sentencepiece"], default="none",
+                        help="how the --data-bin corpus is segmented; hypotheses and references are de-segmented "
+                             "and Moses-detokenized before scoring")
+    parser.add_argument("--unit", choices=["words", "subwords"], default="words",
+                        help="what the bins count in the --data-bin test sources: words (segmentation removed) "
+                             "or subwords (the tokens the model reads)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="models trained at once, sharing the cores (default: one per core, at most 2)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        parser.error(str(e))
+    baseline = args.baseline or ("sinusoidal" if "sinusoidal" in args.encodings else args.encodings[0])
+    if baseline not in args.encodings:
+        parser.error(f"--baseline {baseline} is not among --encodings ({' '.join(args.encodings)})")
+    if not args.data_bin and (args.bpe != "none" or args.unit != "words"):
+        parser.error("--bpe and --unit describe a --data-bin corpus; the toy corpus is words")
+    if args.data_bin and args.bpe == "none" and args.unit == "subwords":
+        parser.error("--unit subwords needs --bpe (subword_nmt or sentencepiece): without it a token is a word")
 
     out = os.path.abspath(args.out)
-    for stale in ("bin", "checkpoints"):  # a re-run starts over rather than resuming old runs
+    for stale in ("bin", "checkpoints", "generations"):  # a re-run starts over rather than resuming old runs
         shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
-    data_bin = args.data_bin or toy_corpus(out, args)
+    try:
+        data_bin = args.data_bin or toy_corpus(out, args)
+        _, tgt_lang = data_languages(data_bin)
+    except (OSError, pipeline.CommandFailed) as e:
+        parser.exit(2, f"demo.py: error: {e}\n")
     edges = args.bins or [3] + list(range(args.train_max_len + 1, args.long_max_len + 1, 6))
     start_all = time.time()
 
     # Small models use two threads poorly: by default each core trains its own model.
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    jobs = [(encoding, seed) for seed in seeds for encoding in args.encodings]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        done = list(pool.map(lambda job: study(*job, data_bin, edges, out, args), enumerate(args.encodings, 1)))
-    rows = [row for row, _ in done]
-    per_bin = {row["encoding"]: bins for row, bins in done}
+        done = list(pool.map(lambda job: run_one(job[0], len(jobs), *job[1], data_bin, out, args, tgt_lang),
+                             enumerate(jobs, 1)))
+    runs = {e: [gen for row, _, gen in done if row["encoding"] == e] for e in args.encodings}
+    rows = [{"encoding": e, "parameters": next(r["parameters"] for r, _, _ in done if r["encoding"] == e),
+             "train_seconds": [r["train_seconds"] for r, _, _ in done if r["encoding"] == e]}
+            for e in args.encodings]
 
     unit = args.unit if args.data_bin else "words"
-    paths = write_report(per_bin, os.path.join(out, "bleu_by_length"), unit,
-                         title=f"Trained on sources of at most {args.train_max_len} {unit}" if not args.data_bin else "")
+    # the decoder's limit counts the tokens it reads (subwords with BPE), whatever the bins count
+    # (+1: fairseq counts the end-of-sentence token in the source length)
+    longest = max(len(s.split()) for _, raw, _ in done for s in raw.sources)
+    footer = study_report.decoding_limit_note(MAX_LEN_A, MAX_LEN_B, longest + 1, MAX_POSITIONS,
+                                              what="demo.py's fairseq-generate")
+    report = study_report.build_report(runs, edges, unit, baseline, seeds=seeds, footer=footer)
+    paths = study_report.write_report(
+        report, os.path.join(out, "bleu_by_length"),
+        title=(f"Trained on sources of at most {args.train_max_len} {unit}" if not args.data_bin else "")
+        + (f", {len(seeds)} seeds" if len(seeds) > 1 else ""))
     note = "" if args.data_bin else f" Toy pair {args.toy_pair}; training sources had 3-{args.train_max_len} words."
-    note += (f" {args.max_update} updates of {args.max_tokens} tokens, peak lr {args.lr:g}, size {args.size};"
-             f" {args.jobs} model(s) trained at a time, {os.environ['OMP_NUM_THREADS']} thread(s) each.")
+    note += (f" {args.max_update} updates of {args.max_tokens} tokens, peak lr {args.lr:g}, size {args.size},"
+             f" seeds {' '.join(map(str, seeds))}; {args.jobs} model(s) trained at a time,"
+             f" {os.environ['OMP_NUM_THREADS']} thread(s) each.")
     note += "".join(f" {e}: {' '.join(OVERRIDES[e])}." for e in args.encodings if e in OVERRIDES)
-    summary = summary_table(rows, sorted({r["bin"] for v in per_bin.values() for r in v},
-                                         key=lambda b: int(b[1:].split(",")[0])), unit, note)
+    summary = summary_table(rows, note) + "\n" + study_report.markdown(report)
     write_text_atomically(os.path.join(out, "results.md"), summary)
     write_text_atomically(os.path.join(out, "results.json"), json.dumps(
-        {"unit": unit, "edges": edges, "max_update": args.max_update, "size": args.size,
+        {"unit": unit, "edges": edges, "seeds": seeds, "max_update": args.max_update, "size": args.size,
          "max_tokens": args.max_tokens, "lr": args.lr, "toy_pair": None if args.data_bin else args.toy_pair,
-         "rows": rows, "bleu_by_length": per_bin}, indent=2) + "\n")
+         "rows": rows, "report": report}, indent=2) + "\n")
     print("\n" + summary)
     print(f"| total {time.time() - start_all:.0f} s; wrote {out}/results.md, results.json, "
           + ", ".join(os.path.basename(p) for p in paths.values()))
 
 
-def summary_table(rows, bins, unit, note="") -> str:
-    header = ["encoding", "parameters", "training (s)"] + [f"BLEU {b}" for b in bins]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+def summary_table(rows, note="") -> str:
+    lines = ["| encoding | parameters | training (s) |", "|---|---|---|"]
     for row in rows:
-        lines.append("| " + " | ".join([row["encoding"], f"{row['parameters']:,}", f"{row['train_seconds']:.0f}"]
-                                       + [f"{row[b]:.2f}" if b in row else "-" for b in bins]) + " |")
-    return "\n".join(lines) + f"\n\nSacreBLEU by source length in {unit}.{note}\n"
+        seconds = row["train_seconds"]
+        lines.append(f"| {row['encoding']} | {row['parameters']:,} | {sum(seconds) / len(seconds):.0f} |")
+    return "\n".join(lines) + f"\n\nParameters and training time (mean over seeds).{note}\n"
 
 
 if __name__ == "__main__":

@@ -1,25 +1,83 @@
-"""scripts/demo.py (make demo) end to end, on a budget: the files it promises, from the run."""
+"""scripts/demo.py (make demo) end to end, on a budget: the report it promises, from the run.
+
+Two models of 300 updates: sinusoidal learns the toy pair in range, `none` (a bag of words to its
+encoder) cannot, so the report's numbers have known places with wide margins."""
 import json
 import os
 import subprocess
 import sys
 
+import pytest
+
 DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "demo.py")
 
 
-def test_demo_writes_table_json_and_plot(tmp_path):
-    proc = subprocess.run([sys.executable, DEMO, "--encodings", "sinusoidal", "alibi", "--max-update", "20",
-                           "--train-size", "300", "--test-size", "40", "--size", "tiny", "--out", str(tmp_path)],
+def test_demo_writes_the_report_table_json_and_plot(tmp_path):
+    proc = subprocess.run([sys.executable, DEMO, "--encodings", "none", "sinusoidal", "--max-update", "300",
+                           "--train-size", "1000", "--test-size", "60", "--size", "tiny", "--out", str(tmp_path)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "[2/2] training alibi for 20 updates" in proc.stdout
+    assert "| [2/2] training sinusoidal seed 1 for 300 updates" in proc.stdout
     results = json.load(open(tmp_path / "results.json"))
-    assert [row["encoding"] for row in results["rows"]] == ["sinusoidal", "alibi"]
-    assert results["edges"] == [3, 13, 19, 25]
-    for row in results["rows"]:
-        assert row["parameters"] > 100_000 and row["train_seconds"] > 0
-        assert all(0 <= row[b] <= 100 for b in ("[3,13)", "[13,19)", "[19,25)", "[25,inf)"))
+    assert [row["encoding"] for row in results["rows"]] == ["none", "sinusoidal"]
+    assert all(row["parameters"] == 178_176 and len(row["train_seconds"]) == 1 for row in results["rows"])
+    report = results["report"]
+    assert results["edges"] == [3, 13, 19, 25] and report["baseline"] == "sinusoidal" and results["seeds"] == [1]
+    # the toy test set is drawn from --data-seed 1: the same sentences on every machine
+    assert [(b["bin"], b["sentences"]) for b in report["bins"]] == [
+        ("[3,13)", 19), ("[13,19)", 22), ("[19,25)", 5), ("[25,inf)", 14)]
+    sinusoidal, none = report["models"]["sinusoidal"][0], report["models"]["none"][0]
+    # in range, after these 300 updates: sinusoidal 58.8 BLEU, ratio 0.96; none 8.5 BLEU; after 20
+    # updates sinusoidal had 0.0 BLEU and a ratio of 0.22
+    assert sinusoidal["bleu"] > 30 and sinusoidal["ratio"] > 0.8 and none["bleu"] < 25
+    # measured -50.3 [-65.3, -37.1]
+    assert none["vs_baseline"]["significant"] and none["vs_baseline"]["high"] < -10
+    assert "Decoding limit: demo.py's fairseq-generate --max-len-a 1.5 --max-len-b 50, 1024 positions allow 96 " \
+           "target tokens for the longest source (31 tokens)" in report["footer"]
     table = open(tmp_path / "results.md").read()
-    assert table.startswith("| encoding | parameters | training (s) | BLEU [3,13) |")
-    assert len([line for line in table.splitlines() if line.startswith("| ")]) == 3  # header + 2 encodings
-    assert open(tmp_path / "bleu_by_length.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert table.startswith("| encoding | parameters | training (s) |")
+    assert "| encoding | [3,13) n=19 | [13,19) n=22 | [19,25) n=5 | [25,inf) n=14 |" in table
+    assert table.count("]*)") >= 1 and "(one seed; n = sentences)" in table
+    png = open(tmp_path / "bleu_by_length.png", "rb").read()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 30_000  # two panels
+    assert len(os.listdir(tmp_path / "generations")) >= 2  # the fairseq-generate output, for bleu_by_length.py
+
+
+def _demo_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo", DEMO)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    return demo
+
+
+def test_demo_flags_are_checked_before_any_work(tmp_path, capsys):
+    demo = _demo_module()
+    for args, message in ((["--seeds", "2", "2"], "--seeds takes a count N >= 1 or distinct non-negative seeds"),
+                          (["--encodings", "t5", "--baseline", "rope"], "--baseline rope is not among --encodings"),
+                          (["--bpe", "subword_nmt"], "--bpe and --unit describe a --data-bin corpus")):
+        with pytest.raises(SystemExit) as exit_:
+            demo.main([*args, "--out", str(tmp_path)])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+        assert not os.path.exists(tmp_path / "raw")
+    assert demo.parse_seeds([3]) == [1, 2, 3] and demo.parse_seeds([1, 5, 9]) == [1, 5, 9]
+
+
+def test_a_bped_corpus_is_binned_in_the_unit_asked_and_scored_on_detokenized_words(tmp_path):
+    import argparse
+
+    demo = _demo_module()
+    raw = demo.pipeline.Generation(["das ist ein Ha@@ us &quot;", "gu@@ t"], ["das ist ein Haus &quot;", "gut"],
+                                   ["this is a hou@@ se", "go@@ od"], [0, 1])
+    words = demo.postprocess(raw, argparse.Namespace(data_bin="d", bpe="subword_nmt", unit="words"), "de")
+    assert words.hypotheses == ['das ist ein Haus "', "gut"] and words.references[0] == 'das ist ein Haus "'
+    assert [len(s.split()) for s in words.sources] == [4, 1]
+    subwords = demo.postprocess(raw, argparse.Namespace(data_bin="d", bpe="subword_nmt", unit="subwords"), "de")
+    assert [len(s.split()) for s in subwords.sources] == [5, 2] and subwords.hypotheses == words.hypotheses
+    spm = demo.pipeline.Generation(["\u2581das \u2581Ha us"], ["\u2581das \u2581Haus"], ["\u2581this \u2581hou se"], [0])
+    scored = demo.postprocess(spm, argparse.Namespace(data_bin="d", bpe="sentencepiece", unit="words"), "de")
+    assert scored.hypotheses == ["das Haus"] and scored.sources == ["this house"]
+    for name in ("dict.en.txt", "dict.de.txt", "test.en-de.en.bin", "test.en-de.de.bin"):
+        (tmp_path / name).write_text("")
+    assert demo.data_languages(str(tmp_path)) == ("en", "de")

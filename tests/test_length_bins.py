@@ -1,4 +1,4 @@
-"""The short-to-long split and BLEU per length bin (scripts/length_split.py, bleu_by_length.py)."""
+"""The short-to-long split (scripts/length_split.py); the per-bin report is tests/test_study_report.py."""
 import json
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fairseq_posenc.length_bins import bleu_by_bin, make_bins, split_by_length, write_report
+from fairseq_posenc.length_bins import make_bins, split_by_length
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
@@ -57,45 +57,6 @@ def test_bad_corpora_get_one_clear_line_and_exit_2(tmp_path, problem, message):
     assert proc.returncode == 2
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out" / "train.en").exists()
-
-
-def test_bleu_per_bin():
-    sources = ["a " * 3, "a " * 5, "a " * 12, "a " * 13]
-    refs = ["the cat sat on the mat today", "a b c d e f g", "one two three four five six", "x y z w v u"]
-    hyps = [refs[0], refs[1], "one two three four five six", "nothing like it at all"]
-    rows = bleu_by_bin(sources, hyps, refs, [0, 10, 20])
-    assert [(r["bin"], r["sentences"]) for r in rows] == [("[0,10)", 2), ("[10,20)", 2)]  # [20,inf) is empty
-    assert rows[0]["bleu"] == 100.0
-    assert 0 < rows[1]["bleu"] < 100.0
-    assert "tok:13a" in rows[0]["signature"]
-
-
-def test_report_table_json_and_plot(tmp_path):
-    results = {"sinusoidal": [{"bin": "[0,10)", "low": 0, "sentences": 2, "bleu": 90.0, "signature": "sig"},
-                              {"bin": "[10,inf)", "low": 10, "sentences": 3, "bleu": 40.5, "signature": "sig"}],
-               "t5": [{"bin": "[0,10)", "low": 0, "sentences": 2, "bleu": 88.0, "signature": "sig"}]}
-    paths = write_report(results, str(tmp_path / "length"), unit="subwords")
-    markdown = open(paths["markdown"]).read()
-    assert "| model | [0,10) (subwords) | [10,inf) (subwords) |" in markdown
-    assert "| sinusoidal | 90.00 (2) | 40.50 (3) |" in markdown and "| t5 | 88.00 (2) | - |" in markdown
-    assert json.load(open(paths["json"]))["results"]["t5"][0]["bleu"] == 88.0
-    png = open(paths["plot"], "rb").read()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-
-
-def test_bleu_by_length_script_reads_fairseq_generate_output(tmp_path):
-    for name, hyp in (("good", "t1 t2 t3 t4 t5"), ("bad", "t9")):
-        (tmp_path / f"{name}.txt").write_text(
-            "S-0\ts1 s2 s3\nT-0\tt1 t2 t3 t4 t5\nH-0\t-0.5\t" + hyp + "\n"
-            "S-1\ts1 s2 s3 s4 s5 s6 s7 s8 s9 s10 s11 s12\nT-1\tt1 t2 t3 t4\nH-1\t-0.5\tt1 t2 t3 t4\n")
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bleu_by_length.py"), "--generation",
-                           f"good={tmp_path / 'good.txt'}", f"bad={tmp_path / 'bad.txt'}", "--bins", "0", "10",
-                           "--out", str(tmp_path / "len")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    results = json.load(open(tmp_path / "len.json"))["results"]
-    assert results["good"][0]["bleu"] == 100.0 and results["bad"][0]["bleu"] < 10
-    assert results["good"][1]["bleu"] == results["bad"][1]["bleu"] == 100.0
-    assert (tmp_path / "len.png").exists()
 
 
 def test_a_line_ends_at_newline_only_so_pairs_stay_aligned(tmp_path):
