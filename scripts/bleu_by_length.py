@@ -42,6 +42,8 @@ def main(argv=None):
     parser.add_argument("--title", default="", help="plot title")
     parser.add_argument("--bootstrap-samples", type=int, default=study_report.N_BOOTSTRAP,
                         help="paired bootstrap resamples of the test sentences")
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="the training seed of each generation file, in order, for the report (default: 1 2 ...)")
     parser.add_argument("--decoding-log", nargs="+", default=[],
                         help="fairseq-generate logs (stderr) to read --max-len-a/-b from, for the footer's check")
     parser.add_argument("--decoded-source", help="the source file the model decoded (segmented), to count the "
@@ -75,13 +77,16 @@ def main(argv=None):
     if len(set(counts.values())) > 1:
         fail("every model needs one generation per seed, the same number: got "
              + ", ".join(f"{name} {n}" for name, n in counts.items()))
+    n_seeds = next(iter(counts.values()))
+    if args.seeds is not None and len(args.seeds) != n_seeds:
+        fail(f"--seeds names {len(args.seeds)} seeds but each model has {n_seeds} generation files")
     try:
         for path in args.decoding_log:
             texts.append("\n".join(read_lines(path)))
         sources = read_lines(args.decoded_source) if args.decoded_source else runs[next(iter(runs))][0].sources
         footer = decoding_footer(texts, sources)
         report = study_report.build_report(runs, args.bins, args.unit, args.baseline, args.bootstrap_samples,
-                                           seeds=list(range(1, len(next(iter(runs.values()))) + 1)), footer=footer)
+                                           seeds=args.seeds or list(range(1, n_seeds + 1)), footer=footer)
     except (OSError, ValueError) as e:
         fail(e)
     paths = study_report.write_report(report, args.out, args.title)

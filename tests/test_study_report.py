@@ -169,11 +169,11 @@ def test_bleu_by_length_takes_one_generation_per_seed_and_a_baseline(tmp_path):
              for m, p in (("good", 0.1), ("bad", 0.5)) for s in (1, 2)}
     proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bleu_by_length.py"), "--generation",
                            f"good={files['good1']},{files['good2']}", f"bad={files['bad1']},{files['bad2']}",
-                           "--baseline", "bad", "--bins", "0", "10", "--out", str(tmp_path / "len")],
+                           "--baseline", "bad", "--seeds", "4", "5", "--bins", "0", "10", "--out", str(tmp_path / "len")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     saved = json.load(open(tmp_path / "len.json"))
-    assert saved["baseline"] == "bad" and saved["seeds"] == [1, 2]
+    assert saved["baseline"] == "bad" and saved["seeds"] == [4, 5]
     assert all(r["vs_baseline"]["significant"] and r["vs_baseline"]["low"] > 20 for r in saved["models"]["good"])
     # sources of 4-20 words + end of sentence: 21 tokens, x + 50 = 71 >= 1.5 * 21 + 10
     assert saved["footer"].endswith("allow 71 target tokens for the longest source (21 tokens), at least 1.5x + 10 "
@@ -185,14 +185,21 @@ def test_bleu_by_length_takes_one_generation_per_seed_and_a_baseline(tmp_path):
     (["a={good1}", "b={good1},{good2}"], "every model needs one generation per seed, the same number: got a 1, b 2"),
     (["a={missing}"], "no such file: "),
     (["a={empty}"], "has no H- lines: is it fairseq-generate output?"),
+    (["a={good1},{good2}", "--seeds", "7"], "--seeds names 1 seeds but each model has 2 generation files"),
 ])
-def test_bleu_by_length_bad_input_gets_one_line_and_exit_2(tmp_path, generation, message):
+def test_bleu_by_length_bad_input_gets_one_line_and_exit_2(tmp_path, generation, message, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bleu_by_length", os.path.join(SCRIPTS, "bleu_by_length.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
     refs = _corpus(10)
     paths = {"good1": _generate_output(tmp_path / "g1.txt", refs, refs),
              "good2": _generate_output(tmp_path / "g2.txt", refs, refs),
              "missing": str(tmp_path / "none.txt"), "empty": str(tmp_path / "e.txt")}
     (tmp_path / "e.txt").write_text("S-0\tx\n")
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bleu_by_length.py"), "--generation",
-                           *[g.format(**paths) for g in generation], "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True)
-    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--generation", *[g.format(**paths) for g in generation], "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o.md").exists()

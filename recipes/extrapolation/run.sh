@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Short-to-long extrapolation (FLOATER, Liu et al., 2020, Sec. 4.3) on any corpus a recipe's
 # prepare.sh wrote: train each encoding on the training pairs whose source is shorter than
-# TRAIN_BELOW tokens, decode the longer ones, and score SacreBLEU per bin of source length.
+# TRAIN_BELOW tokens, decode the longer ones, and report per bin of source length SacreBLEU, chrF
+# and the length ratio hyp/ref (mean ± std over SEEDS), with a paired bootstrap 95% interval of
+# each encoding's BLEU difference from BASELINE (scripts/bleu_by_length.py).
 #
-#   DATA=data/wmt14_en_de ENCODINGS="sinusoidal learned floater" bash recipes/extrapolation/run.sh
+#   DATA=data/wmt14_en_de ENCODINGS="sinusoidal learned floater" SEEDS="1 2 3" bash recipes/extrapolation/run.sh
 #
 #   DATA         a prepared corpus (recipes/wmt*/prepare.sh --out DIR)
 #   ENCODINGS    the --position-encoding values to compare (default: sinusoidal learned floater)
 #   UNIT         what a token is when counting lengths: subwords (the BPE'd text, default) or
 #                words (the Moses-tokenized text before BPE); every output says which
 #   TRAIN_BELOW  80, BINS "80 100 120 140": FLOATER's protocol (the last bin is open-ended)
+#   SEEDS        training seeds, one model per encoding and seed (default: 1); with several,
+#                each model is under OUT/ENC/seedN
+#   BASELINE     the encoding the others are compared with (default: sinusoidal if listed, else the first)
 #   OUT          runs/extrapolation/<recipe> ; writes OUT/bleu_by_length.{md,json,png}
 #   ARCH, LR, MAX_TOKENS, MAX_UPDATE, ... as recipes/wmt14_en_de/train.sh; BEAM (4), LENPEN (0.6)
 #
@@ -21,6 +26,9 @@ DATA="${DATA:?set DATA to a corpus prepared by recipes/*/prepare.sh}"
   || die "no prepared corpus in DATA=$DATA ($DATA/corpus.env missing): run a recipes/*/prepare.sh first"
 load_corpus   # SRC, TGT, BPE, RECIPE of the corpus
 ENCODINGS="${ENCODINGS:-sinusoidal learned floater}"
+SEEDS="${SEEDS:-1}"
+N_SEEDS=$(echo "$SEEDS" | wc -w)
+BASE_EXTRA_FLAGS="${EXTRA_FLAGS:-}"
 UNIT="${UNIT:-subwords}"
 TRAIN_BELOW="${TRAIN_BELOW:-80}"
 BINS="${BINS:-80 100 120 140}"
@@ -61,14 +69,17 @@ _preprocess() {
     > "$ROOT_OUT/preprocess.log" 2>&1 || die "fairseq-preprocess failed (log: $ROOT_OUT/preprocess.log)"
 }
 
-# decode the long pairs; S- lines stay in the unit the bins count, H-/T- become detokenized words
+# decode the long pairs; S- lines stay in the unit the bins count, H-/T- become detokenized words.
+# The common x + 50 limit would cut outputs of sources past 80 tokens, and these are the long
+# ones: 1.5x + 50 (given after it, so it wins) leaves room for a model that runs on.
+LIMIT=(--max-len-a 1.5 --max-len-b 50)
 _train_and_decode() {
   train_model "$ROOT_OUT/data-bin"
   if [ "$UNIT" = words ]; then
-    average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt" "$(remove_bpe_flag)"
+    average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt" "${LIMIT[@]}" "$(remove_bpe_flag)"
     segmentation=none
   else
-    average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt"
+    average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt" "${LIMIT[@]}"
     segmentation=$([ "$BPE" = sentencepiece ] && echo sentencepiece || echo subword_nmt)
   fi
   "$PYTHON" "$SCRIPTS/score_translation.py" detok-generation --generation "$OUT/generate.long.txt" \
@@ -79,14 +90,22 @@ mkdir -p "$ROOT_OUT"
 echo "== short-to-long on $DATA ($SRC-$TGT): train below $TRAIN_BELOW $UNIT, bins $BINS; encodings: $ENCODINGS"
 step split "[split] length_split.py -> $SPLIT" _split
 step preprocess "[preprocess] fairseq-preprocess with the corpus's dictionary -> $ROOT_OUT/data-bin" _preprocess
-generations=()
+generations=() logs=()
 for ENC in $ENCODINGS; do
-  OUT="$ROOT_OUT/$ENC"
-  set_training_defaults
-  step "model_$ENC" "[$ENC] train, average, decode the long pairs -> $OUT" _train_and_decode
-  generations+=("$ENC=$OUT/generate.long.detok.txt")
+  files=""
+  for SEED in $SEEDS; do
+    if [ "$N_SEEDS" = 1 ]; then OUT="$ROOT_OUT/$ENC" name="model_$ENC"     # one seed: the layout of old runs
+    else OUT="$ROOT_OUT/$ENC/seed$SEED" name="model_${ENC}_seed$SEED"; fi
+    EXTRA_FLAGS="$BASE_EXTRA_FLAGS --seed $SEED"
+    set_training_defaults
+    step "$name" "[$ENC seed $SEED] train, average, decode the long pairs -> $OUT" _train_and_decode
+    files="${files:+$files,}$OUT/generate.long.detok.txt"
+    logs+=("$OUT/generate.long.txt")
+  done
+  generations+=("$ENC=$files")
 done
-echo "== [report] SacreBLEU per bin of source length ($UNIT) -> $ROOT_OUT/bleu_by_length.{md,json,png}"
+echo "== [report] SacreBLEU, chrF, length ratio per bin of source length ($UNIT) -> $ROOT_OUT/bleu_by_length.{md,json,png}"
 # shellcheck disable=SC2086
-"$PYTHON" "$SCRIPTS/bleu_by_length.py" --generation "${generations[@]}" --bins $BINS --unit "$UNIT" \
+"$PYTHON" "$SCRIPTS/bleu_by_length.py" --generation "${generations[@]}" --seeds $SEEDS ${BASELINE:+--baseline "$BASELINE"} \
+  --bins $BINS --unit "$UNIT" --decoding-log "${logs[@]}" --decoded-source "$SEGMENTED/long.$SRC" \
   --out "$ROOT_OUT/bleu_by_length" --title "$RECIPE $SRC-$TGT: trained on sources < $TRAIN_BELOW $UNIT"
