@@ -11,30 +11,41 @@ USER_DIR="$ROOT/fairseq_posenc"
 
 die() { echo "$(basename "$0"): $*" >&2; exit 2; }
 
-# step NAME DESCRIPTION CMD...: run CMD unless an earlier run finished it ($WORK/.done/NAME).
-# Each step writes its outputs before its marker, so an interrupted step is redone whole.
+# step NAME DESCRIPTION CMD...: run CMD unless an earlier run finished it with the same settings
+# ($WORK/.done/NAME, see scripts/steps.py). STEP_SETTINGS="KEY=VALUE ..." (no spaces inside a
+# value) are the settings its outputs depend on; a step is also redone when the step before it
+# (STEP_AFTER, default the previous step called) ran again since, so a change redoes everything
+# after it. Each step writes its outputs before its marker: an interrupted step is redone whole.
+LAST_STEP=""
 step() {
   local name=$1 desc=$2; shift 2
-  if [ -e "$WORK/.done/$name" ]; then
+  local after="${STEP_AFTER-$LAST_STEP}" settings="${STEP_SETTINGS:-}" reason
+  STEP_SETTINGS="" ; unset STEP_AFTER
+  # shellcheck disable=SC2086
+  if reason="$("$PYTHON" "$SCRIPTS/steps.py" check --dir "$WORK/.done" --name "$name" --after "$after" \
+                --settings $settings)"; then
     echo "== $desc: done before, skipping (delete $WORK/.done/$name to redo)"
+    LAST_STEP=$name
     return 0
   fi
-  echo "== $desc"
+  if [ "$reason" = "not done yet" ]; then echo "== $desc"; else echo "== $desc: redoing ($reason)"; fi
   local start=$SECONDS
   "$@"
-  mkdir -p "$WORK/.done" && touch "$WORK/.done/$name"
+  # shellcheck disable=SC2086
+  "$PYTHON" "$SCRIPTS/steps.py" done --dir "$WORK/.done" --name "$name" --after "$after" --settings $settings
+  LAST_STEP=$name
   echo "   ($((SECONDS - start)) s)"
 }
 
-has_gpu() { "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
-
 # ---------------------------------------------------------------------------------------------
-# prepare: archives -> plain text -> sacremoses -> joint BPE -> clean -> fairseq-preprocess
-#   needs RECIPE (a name), SOURCES (the sources file), SRC, TGT, VALID_NAME, TEST_NAME;
+# prepare: archives -> plain text -> sacremoses -> dev split -> joint BPE -> clean -> fairseq-preprocess
+#   needs RECIPE (a name), SOURCES (the sources file), SRC, TGT, VALID_NAME (the official
+#   validation set), TEST_NAME, VALID_EVERY (fairseq's split: every Nth training pair);
 #   options parsed from the command line: --raw-dir DIR (archives downloaded elsewhere; nothing
-#   is downloaded then), --out DIR (default data/$RECIPE)
-#   env: BPE=subword-nmt|sentencepiece, BPE_SIZE (40000), WORKERS (cores),
-#        VERIFY_CHECKSUMS=0 (archives repacked elsewhere: do not check the published checksums)
+#   is downloaded then), --out DIR (default data/$RECIPE), --valid split|VALID_NAME
+#   env: ARCHIVES (data/archives: one cache for every recipe and pair), MIRROR (download
+#        ARCHIVE from MIRROR/ARCHIVE instead of statmt.org), BPE=subword-nmt|sentencepiece,
+#        BPE_SIZE (40000), WORKERS (cores), VERIFY_CHECKSUMS=0 (archives repacked elsewhere)
 # ---------------------------------------------------------------------------------------------
 parse_prepare_args() {
   RAW_DIR="" ; WORK=""
@@ -42,7 +53,9 @@ parse_prepare_args() {
     case "$1" in
       --raw-dir) RAW_DIR="${2:?--raw-dir needs a directory}"; shift 2 ;;
       --out) WORK="${2:?--out needs a directory}"; shift 2 ;;
-      --pair) PAIR="${2:?--pair needs e.g. en-de}"; shift 2 ;;
+      --valid) VALID="${2:?--valid needs split or $VALID_NAME}"; shift 2 ;;
+      --pair) [ -n "${PAIR_CHOICES:-}" ] || die "--pair: $RECIPE has one pair, $SRC-$TGT"
+              PAIR="${2:?--pair needs e.g. en-de}"; shift 2 ;;
       -h|--help) sed -n '2,/^set -e/p' "$0" | sed 's/^# \{0,1\}//;/^set -e/d'; exit 0 ;;
       *) die "unknown argument '$1' (see --help)" ;;
     esac
@@ -59,14 +72,15 @@ apply_segmentation() {
   mv "$2.tmp" "$2"
 }
 
+# every run: cheap (a stat per archive, the md5 of the small test archives), and it notices an
+# archive deleted or replaced since the last run
 _fetch() {
-  local verify=""
+  local verify="" download=""
   [ "${VERIFY_CHECKSUMS:-1}" = 0 ] && verify=--no-verify
-  if [ -n "$RAW_DIR" ]; then
-    "$PYTHON" "$SCRIPTS/wmt_data.py" fetch --sources "$SOURCES" --raw-dir "$RAW_DIR" --src "$SRC" --tgt "$TGT" --no-download $verify
-  else
-    "$PYTHON" "$SCRIPTS/wmt_data.py" fetch --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" $verify
-  fi
+  [ -n "$RAW_DIR" ] && download=--no-download
+  # shellcheck disable=SC2086
+  "$PYTHON" "$SCRIPTS/wmt_data.py" fetch --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
+    $download $verify ${MIRROR:+--mirror "$MIRROR"}
 }
 
 _extract() {
@@ -74,25 +88,45 @@ _extract() {
     --out-dir "$WORK/raw"
 }
 
+# as fairseq's prepare-wmt14en2*.sh: training and validation text through Moses' punctuation
+# normalisation, non-printing characters to spaces and the tokenizer (-a); the test set only has
+# its curly apostrophes straightened before the tokenizer, so that the tokenized BLEU's
+# references are fairseq's
 _tokenize() {
   mkdir -p "$WORK/tok"
   for split in train valid test; do
     for l in "$SRC" "$TGT"; do
       echo "   $split.$l: $(wc -l < "$WORK/raw/$split.$l") lines"
-      "$PYTHON" "$SCRIPTS/text_tools.py" tokenize --lang "$l" --workers "$WORKERS" \
+      # shellcheck disable=SC2046
+      "$PYTHON" "$SCRIPTS/text_tools.py" tokenize --lang "$l" --workers "$WORKERS" $([ $split = test ] && echo --test-set) \
         < "$WORK/raw/$split.$l" > "$WORK/tok/$split.$l.tmp"
       mv "$WORK/tok/$split.$l.tmp" "$WORK/tok/$split.$l"
     done
   done
 }
 
+# fairseq's split: every VALID_EVERY-th training pair is the validation set, the rest is trained on
+_split_valid() {
+  mkdir -p "$WORK/split"
+  for l in "$SRC" "$TGT"; do
+    if [ "$VALID" = split ]; then
+      awk -v n="$VALID_EVERY" 'NR % n == 0' "$WORK/tok/train.$l" > "$WORK/split/valid.$l"
+      awk -v n="$VALID_EVERY" 'NR % n != 0' "$WORK/tok/train.$l" > "$WORK/split/train.$l"
+    else
+      cp "$WORK/tok/valid.$l" "$WORK/split/valid.$l"
+      cp "$WORK/tok/train.$l" "$WORK/split/train.$l"
+    fi
+  done
+  echo "   valid: $(wc -l < "$WORK/split/valid.$SRC") pairs, train: $(wc -l < "$WORK/split/train.$SRC") pairs"
+}
+
 _learn_bpe() {
   mkdir -p "$WORK/bpe"
   if [ "$BPE" = sentencepiece ]; then
-    "$PYTHON" "$SCRIPTS/text_tools.py" spm-train --input "$WORK/tok/train.$SRC" "$WORK/tok/train.$TGT" \
+    "$PYTHON" "$SCRIPTS/text_tools.py" spm-train --input "$WORK/split/train.$SRC" "$WORK/split/train.$TGT" \
       --model-prefix "$WORK/bpe/spm" --vocab-size "$BPE_SIZE"
   else
-    subword-nmt learn-joint-bpe-and-vocab --input "$WORK/tok/train.$SRC" "$WORK/tok/train.$TGT" \
+    subword-nmt learn-joint-bpe-and-vocab --input "$WORK/split/train.$SRC" "$WORK/split/train.$TGT" \
       -s "$BPE_SIZE" -o "$WORK/bpe/code.tmp" \
       --write-vocabulary "$WORK/bpe/vocab.$SRC" "$WORK/bpe/vocab.$TGT" --num-workers "$WORKERS"
     mv "$WORK/bpe/code.tmp" "$WORK/bpe/code"
@@ -100,21 +134,26 @@ _learn_bpe() {
 }
 
 _apply_bpe() {
-  for split in train valid test; do
-    for l in "$SRC" "$TGT"; do
-      apply_segmentation "$WORK/tok/$split.$l" "$WORK/bpe/$split.$l"
-    done
+  for l in "$SRC" "$TGT"; do
+    apply_segmentation "$WORK/split/train.$l" "$WORK/bpe/train.$l"
+    apply_segmentation "$WORK/split/valid.$l" "$WORK/bpe/valid.$l"
+    apply_segmentation "$WORK/tok/test.$l" "$WORK/bpe/test.$l"
   done
 }
 
-# as fairseq's prepare-wmt14en2*.sh: clean the BPE'd training pairs (ratio 1.5, 1-250 tokens);
-# valid and test sets are kept whole. train.tok.* are the same pairs before BPE.
+# as fairseq's prepare-wmt14en2*.sh: clean the BPE'd training pairs (ratio 1.5, 1-250 tokens),
+# and the validation pairs of the split; the test set is kept whole. train.tok.* are the same
+# training pairs before BPE.
 _clean() {
   "$PYTHON" "$SCRIPTS/text_tools.py" clean --src "$WORK/bpe/train.$SRC" --tgt "$WORK/bpe/train.$TGT" \
     --out-src "$WORK/train.$SRC" --out-tgt "$WORK/train.$TGT" --ratio 1.5 --min-len 1 --max-len 250 \
-    --also "$WORK/tok/train.$SRC" "$WORK/tok/train.$TGT" --also-out "$WORK/train.tok.$SRC" "$WORK/train.tok.$TGT"
+    --also "$WORK/split/train.$SRC" "$WORK/split/train.$TGT" --also-out "$WORK/train.tok.$SRC" "$WORK/train.tok.$TGT"
+  if [ "$VALID" = split ]; then
+    "$PYTHON" "$SCRIPTS/text_tools.py" clean --src "$WORK/bpe/valid.$SRC" --tgt "$WORK/bpe/valid.$TGT" \
+      --out-src "$WORK/valid.$SRC" --out-tgt "$WORK/valid.$TGT" --ratio 1.5 --min-len 1 --max-len 250
+  fi
   for l in "$SRC" "$TGT"; do
-    cp "$WORK/bpe/valid.$l" "$WORK/valid.$l"
+    [ "$VALID" = split ] || cp "$WORK/bpe/valid.$l" "$WORK/valid.$l"
     cp "$WORK/bpe/test.$l" "$WORK/test.$l"
     cp "$WORK/raw/test.$l" "$WORK/test.raw.$l"  # the references SacreBLEU scores against
   done
@@ -133,7 +172,8 @@ RECIPE=$RECIPE
 SRC=$SRC
 TGT=$TGT
 BPE=$BPE
-VALID_NAME=$VALID_NAME
+BPE_SIZE=$BPE_SIZE
+VALID_NAME=$VALID_DESC
 TEST_NAME=$TEST_NAME
 EOF
   grep -h "^| \[" "$WORK/preprocess.log" | sed 's/^/   /' || true
@@ -145,16 +185,26 @@ prepare_corpus() {
   BPE_SIZE="${BPE_SIZE:-40000}"
   WORKERS="${WORKERS:-$(nproc)}"
   case "$BPE" in subword-nmt|sentencepiece) ;; *) die "BPE must be subword-nmt or sentencepiece, got '$BPE'" ;; esac
-  ARCHIVES="${RAW_DIR:-$WORK/orig}"
+  VALID="${VALID:-split}"
+  case "$VALID" in
+    split) VALID_DESC="train-every-${VALID_EVERY}th" ;;
+    "$VALID_NAME") VALID_DESC="$VALID_NAME" ;;
+    *) die "--valid must be split (every ${VALID_EVERY}th training pair, as fairseq) or $VALID_NAME, got '$VALID'" ;;
+  esac
+  ARCHIVES="${RAW_DIR:-${ARCHIVES:-data/archives}}"
   mkdir -p "$WORK"
-  echo "== $RECIPE $SRC-$TGT -> $WORK (archives: $ARCHIVES; $BPE, $BPE_SIZE merges)"
-  step fetch "[1/7] archives: check${RAW_DIR:+ (from --raw-dir, no download)}" _fetch
-  step extract "[2/7] extract train / valid ($VALID_NAME) / test ($TEST_NAME) as plain text" _extract
-  step tokenize "[3/7] normalise and tokenize with sacremoses" _tokenize
-  step learn_bpe "[4/7] learn joint $BPE ($BPE_SIZE)" _learn_bpe
-  step apply_bpe "[5/7] apply $BPE" _apply_bpe
-  step clean "[6/7] clean training pairs: ratio 1.5, 1-250 tokens" _clean
-  step preprocess "[7/7] fairseq-preprocess --joined-dictionary -> $WORK/data-bin" _preprocess
+  echo "== $RECIPE $SRC-$TGT -> $WORK (archives: $ARCHIVES; $BPE, $BPE_SIZE merges; validation: $VALID_DESC)"
+  echo "== [1/8] archives: check${RAW_DIR:+ (from --raw-dir, no download)}"
+  _fetch
+  STEP_AFTER="" STEP_SETTINGS="pair=$SRC-$TGT archives=$("$PYTHON" "$SCRIPTS/wmt_data.py" fingerprint \
+    --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT")" \
+    step extract "[2/8] extract train / valid ($VALID_NAME) / test ($TEST_NAME) as plain text" _extract
+  STEP_SETTINGS="text=fairseq-moses-1" step tokenize "[3/8] normalise and tokenize with sacremoses" _tokenize
+  STEP_SETTINGS="valid=$VALID_DESC" step split "[4/8] validation set: $VALID_DESC" _split_valid
+  STEP_SETTINGS="bpe=$BPE size=$BPE_SIZE" step learn_bpe "[5/8] learn joint $BPE ($BPE_SIZE)" _learn_bpe
+  step apply_bpe "[6/8] apply $BPE" _apply_bpe
+  STEP_SETTINGS="ratio=1.5 len=1-250" step clean "[7/8] clean training pairs: ratio 1.5, 1-250 tokens" _clean
+  step preprocess "[8/8] fairseq-preprocess --joined-dictionary -> $WORK/data-bin" _preprocess
   for split in train valid test; do
     echo "| $split: $(wc -l < "$WORK/$split.$SRC") sentence pairs ($WORK/$split.{$SRC,$TGT})"
   done
@@ -171,6 +221,21 @@ load_corpus() {
   . "$DATA/corpus.env"
 }
 
+# train.sh / evaluate.sh arguments: --dry-run (train.sh: print the plan, train nothing), and
+# --pair where the recipe has pairs (PAIR_CHOICES set); anything else is refused
+parse_run_args() {
+  DRY_RUN="${DRY_RUN:-0}"
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --dry-run) DRY_RUN=1; shift ;;
+      --pair) [ -n "${PAIR_CHOICES:-}" ] || die "--pair: $RECIPE has one pair"
+              PAIR="${2:?--pair needs e.g. en-de}"; shift 2 ;;
+      -h|--help) sed -n '2,/^set -e/p' "$0" | sed 's/^# \{0,1\}//;/^set -e/d'; exit 0 ;;
+      *) die "unknown argument '$1' (see --help)" ;;
+    esac
+  done
+}
+
 # the Scaling NMT flags (Ott et al., 2018) with the papers' base/big settings
 set_training_defaults() {
   ENC="${ENC:-sinusoidal}"
@@ -181,63 +246,125 @@ set_training_defaults() {
          DEFAULT_AVERAGE=20 ;;
     *) die "ARCH must be base or big, got '$ARCH'" ;;
   esac
+  [ "$ENC" = floater ] && DEFAULT_AVERAGE=5  # FLOATER's paper averages the last 5, base and big
   DROPOUT="${DROPOUT:-$DEFAULT_DROPOUT}"
   LR="${LR:-$DEFAULT_LR}"
-  MAX_UPDATE="${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}"
   MAX_EPOCH="${MAX_EPOCH:-}"
+  # MAX_EPOCH alone stops at that epoch; MAX_UPDATE (100k base, 300k big) otherwise
+  if [ -n "$MAX_EPOCH" ]; then MAX_UPDATE="${MAX_UPDATE:-}"; else MAX_UPDATE="${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}"; fi
   AVERAGE="${AVERAGE:-$DEFAULT_AVERAGE}"
+  SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-auto}"  # 1250 base, 600 big: see scripts/train_plan.py
   MAX_TOKENS="${MAX_TOKENS:-4096}"
-  UPDATE_FREQ="${UPDATE_FREQ:-8}"     # 4096 x 8 tokens on one GPU: the papers' ~25k-token batches
+  UPDATE_FREQ="${UPDATE_FREQ:-auto}"  # ~32768 tokens an update whatever the GPU count
+  WARMUP="${WARMUP:-4000}"
   MODEL_FLAGS="${MODEL_FLAGS:-}"      # e.g. smaller sizes for a dry run
   EXTRA_FLAGS="${EXTRA_FLAGS:-}"      # appended to fairseq-train
+  DEVICE="${DEVICE:-auto}"            # cpu: run on the CPU (refused otherwise when no GPU is visible)
+  NUM_GPUS="${NUM_GPUS:-auto}"        # the GPUs fairseq will use (auto: what torch sees)
+  # precision on a GPU: --fp16 (default), --bf16, --amp, --memory-efficient-fp16, ...
+  if [ "$DEVICE" = cpu ]; then DEVICE_FLAGS="${DEVICE_FLAGS:-}"; else DEVICE_FLAGS="${DEVICE_FLAGS:---fp16}"; fi
+  FLOATER_EPOCHS="${FLOATER_EPOCHS:-10}"  # FLOATER's second stage: 10 epochs for En-De, 1 for En-Fr
+  FLOATER_MAX_UPDATE="${FLOATER_MAX_UPDATE:-}"
   OUT="${OUT:-runs/$RECIPE/$ENC-$ARCH}"
-  if [ -z "${DEVICE_FLAGS:-}" ]; then
-    if has_gpu; then DEVICE_FLAGS="--fp16"; else DEVICE_FLAGS="--cpu"; fi
-  fi
 }
 
 # where the checkpoints to average are: FLOATER's protocol writes OUT/vanilla then OUT/floater
 checkpoint_dir() { if [ "$ENC" = floater ]; then echo "$OUT/floater"; else echo "$OUT"; fi; }
 
+# plan_training DATA_BIN: scripts/train_plan.py prints the plan (devices, tokens per update,
+# updates per epoch, checkpoints, averaging, disk) and sets UPDATE_FREQ, SAVE_INTERVAL_UPDATES,
+# TRAIN_DEVICE_FLAGS; it refuses a plan whose averaging cannot be satisfied
+plan_training() {
+  local data_bin=$1 plan_env
+  plan_env="$(mktemp)"
+  local stages=(--stage "${STAGE_NAME:-train}" "${MAX_UPDATE:--}" "${MAX_EPOCH:--}")
+  [ "$ENC" = floater ] && stages=(--stage vanilla "${MAX_UPDATE:--}" "${MAX_EPOCH:--}"
+                                  --stage floater "${FLOATER_MAX_UPDATE:--}" "${FLOATER_EPOCHS:--}")
+  echo "== plan for $ENC-$ARCH on $data_bin"
+  "$PYTHON" "$SCRIPTS/train_plan.py" plan --data-bin "$data_bin" --arch "$ARCH" --model-flags "$MODEL_FLAGS" \
+    "${stages[@]}" --average "$AVERAGE" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --max-tokens "$MAX_TOKENS" \
+    --update-freq "$UPDATE_FREQ" --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
+    --env-out "$plan_env" | sed 's/^/   /' || { rm -f "$plan_env"; exit 2; }
+  # shellcheck disable=SC1090
+  . "$plan_env" && rm -f "$plan_env"
+}
+
 # train_model DATA_BIN
 train_model() {
   local data_bin=$1
   ls "$data_bin"/dict.*.txt > /dev/null 2>&1 || die "no fairseq dictionary in $data_bin: run prepare.sh first"
-  local flags="--dropout $DROPOUT $DEVICE_FLAGS --keep-last-epochs $AVERAGE $MODEL_FLAGS $EXTRA_FLAGS"
-  if [ "$ENC" = floater ]; then
+  if [ "$ENC" = floater ]; then  # it plans its two stages itself
     echo "== FLOATER: the paper's warm-start protocol (recipes/floater/train.sh) -> $OUT"
     DATA_BIN="$data_bin" OUT="$OUT" ARCH="$ARCH" LR="$LR" MAX_TOKENS="$MAX_TOKENS" UPDATE_FREQ="$UPDATE_FREQ" \
-      AVERAGE="$AVERAGE" EXTRA_FLAGS="$flags" bash "$ROOT/recipes/floater/train.sh"
+      AVERAGE="$AVERAGE" MAX_UPDATE="$MAX_UPDATE" MAX_EPOCH="$MAX_EPOCH" WARMUP="$WARMUP" DROPOUT="$DROPOUT" \
+      SAVE_INTERVAL_UPDATES="$SAVE_INTERVAL_UPDATES" DEVICE="$DEVICE" NUM_GPUS="$NUM_GPUS" DEVICE_FLAGS="$DEVICE_FLAGS" \
+      FLOATER_EPOCHS="$FLOATER_EPOCHS" FLOATER_MAX_UPDATE="$FLOATER_MAX_UPDATE" MODEL_FLAGS="$MODEL_FLAGS" \
+      EXTRA_FLAGS="$EXTRA_FLAGS" DRY_RUN="${DRY_RUN:-0}" bash "$ROOT/recipes/floater/train.sh"
     return
   fi
+  plan_training "$data_bin"
+  if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained"; return 0; fi
   mkdir -p "$OUT"
+  # what evaluate.sh checks the last checkpoint against
+  printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$MAX_UPDATE" "$MAX_EPOCH" > "$OUT/train.env"
   echo "== fairseq-train --arch transformer_${ENC}_$SUFFIX: lr $LR, dropout $DROPOUT, max tokens $MAX_TOKENS x $UPDATE_FREQ," \
-    "${MAX_EPOCH:+$MAX_EPOCH epochs / }$MAX_UPDATE updates -> $OUT (log: $OUT/train.log)"
+    "${MAX_EPOCH:+$MAX_EPOCH epochs / }${MAX_UPDATE:+$MAX_UPDATE updates }-> $OUT on $DEVICE_DESC (log: $OUT/train.log)"
   # shellcheck disable=SC2086
   fairseq-train "$data_bin" --user-dir "$USER_DIR" --arch "transformer_${ENC}_$SUFFIX" --share-all-embeddings \
     --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-9 --clip-norm 0.0 \
-    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "${WARMUP:-4000}" --warmup-init-lr 1e-07 \
-    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --weight-decay 0.0 \
-    --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --max-update "$MAX_UPDATE" ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} \
-    --save-dir "$OUT" --no-progress-bar --log-interval 100 --log-format simple $flags 2>&1 | tee "$OUT/train.log" \
-    | awk '/\| (train|valid) \| epoch|done training/ { print "   " $0; fflush() }' \
+    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07 \
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --weight-decay 0.0 --dropout "$DROPOUT" \
+    --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" ${MAX_UPDATE:+--max-update $MAX_UPDATE} \
+    ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} --save-interval-updates "$SAVE_INTERVAL_UPDATES" \
+    --keep-interval-updates "$AVERAGE" --no-epoch-checkpoints $TRAIN_DEVICE_FLAGS \
+    --save-dir "$OUT" --no-progress-bar --log-interval 100 --log-format simple $MODEL_FLAGS $EXTRA_FLAGS 2>&1 \
+    | tee "$OUT/train.log" | awk '/\| (train|valid) \| epoch|done training/ { print "   " $0; fflush() }' \
     || die "fairseq-train failed (log: $OUT/train.log)"
 }
 
+# check_finished: the last checkpoint reached what train.sh was asked for, or ALLOW_UNFINISHED=1
+# (the results line then says UNFINISHED)
+check_finished() {
+  local ckpt max_update="$MAX_UPDATE" max_epoch="$MAX_EPOCH"
+  ckpt="$(checkpoint_dir)/checkpoint_last.pt"
+  if [ -f "$OUT/train.env" ]; then
+    # shellcheck disable=SC1091
+    . "$OUT/train.env"; max_update="${TRAINED_MAX_UPDATE:-}"; max_epoch="${TRAINED_MAX_EPOCH:-}"
+  fi
+  UNFINISHED=""
+  local verdict
+  if ! verdict="$("$PYTHON" "$SCRIPTS/train_plan.py" check-finished --checkpoint "$ckpt" \
+        ${max_update:+--max-update "$max_update"} ${max_epoch:+--max-epoch "$max_epoch"} 2>&1)"; then
+    [ "${ALLOW_UNFINISHED:-0}" = 1 ] || die "${verdict#train_plan.py: error: } (re-run train.sh to finish it, or set ALLOW_UNFINISHED=1 to score it marked UNFINISHED)"
+    echo "== WARNING: ${verdict#train_plan.py: error: }; scoring it anyway (ALLOW_UNFINISHED=1), marked UNFINISHED"
+    UNFINISHED=" UNFINISHED"
+  else
+    echo "== $verdict" | sed 's/^== | /== /'
+  fi
+}
+
 # average_and_generate DATA_BIN SUBSET OUTPUT [fairseq-generate flags...]: average the last
-# AVERAGE epoch checkpoints, then beam search (source length + 50 at most, as Vaswani et al.)
+# AVERAGE interval checkpoints, then beam search (source length + 50 at most, as Vaswani et al.)
 average_and_generate() {
   local data_bin=$1 subset=$2 output=$3; shift 3
   local ckpt; ckpt="$(checkpoint_dir)"
   local averaged="$ckpt/averaged_last$AVERAGE.pt"
-  echo "== averaging the last $AVERAGE epoch checkpoints of $ckpt -> $averaged"
-  "$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$ckpt" --num-epoch-checkpoints "$AVERAGE" --output "$averaged"
-  echo "== fairseq-generate --gen-subset $subset --beam $BEAM --lenpen $LENPEN -> $output"
-  local device=""; [ "$DEVICE_FLAGS" = --fp16 ] && device=--fp16 || device=--cpu
+  echo "== averaging the last $AVERAGE interval checkpoints of $ckpt on the CPU -> $averaged"
+  [ "${DRY_RUN:-0}" = 1 ] || "$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$ckpt" --num-update-checkpoints "$AVERAGE" --output "$averaged"
+  local device_env; device_env="$(mktemp)"
+  "$PYTHON" "$SCRIPTS/train_plan.py" device --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
+    --env-out "$device_env" > /dev/null || { rm -f "$device_env"; exit 2; }
+  # shellcheck disable=SC1090
+  . "$device_env" && rm -f "$device_env"
+  echo "== fairseq-generate --gen-subset $subset --beam $BEAM --lenpen $LENPEN on $DEVICE_DESC ($GEN_DEVICE_FLAGS) -> $output"
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    echo "== --dry-run: would run fairseq-generate $data_bin --path $averaged --gen-subset $subset ${GEN_DEVICE_FLAGS:+$GEN_DEVICE_FLAGS }$*"
+    return 0
+  fi
   # shellcheck disable=SC2086
   fairseq-generate "$data_bin" --user-dir "$USER_DIR" --path "$averaged" --gen-subset "$subset" \
     --beam "$BEAM" --lenpen "$LENPEN" --max-len-a 1 --max-len-b 50 --max-tokens "${GEN_MAX_TOKENS:-8000}" \
-    $device "$@" ${GEN_FLAGS:-} > "$output.tmp" 2> "$output.log" \
+    $GEN_DEVICE_FLAGS "$@" ${GEN_FLAGS:-} > "$output.tmp" 2> "$output.log" \
     || { tail -20 "$output.log" >&2; die "fairseq-generate failed (log: $output.log)"; }
   mv "$output.tmp" "$output"
   grep "Generate test\|BLEU" "$output" | tail -1 | sed 's/^/   /' || true
@@ -250,9 +377,11 @@ evaluate_model() {
   LENPEN="${LENPEN:-0.6}"
   RESULTS="${RESULTS:-results/$RECIPE.txt}"
   local gen="$OUT/generate.$TEST_NAME.txt"
+  check_finished
   average_and_generate "$DATA/data-bin" test "$gen" "$(remove_bpe_flag)"
+  [ "${DRY_RUN:-0}" = 1 ] && return 0
   echo "== BLEU on $TEST_NAME -> $RESULTS"
   "$PYTHON" "$SCRIPTS/score_translation.py" score --generation "$gen" --lang "$TGT" --ref "$DATA/test.raw.$TGT" \
-    --label "$RECIPE $SRC-$TGT enc=$ENC arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN avg=$AVERAGE" \
+    --label "$RECIPE $SRC-$TGT enc=$ENC arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN avg=$AVERAGE$UNFINISHED" \
     --results "$RESULTS" --json "$OUT/bleu.$TEST_NAME.json"
 }

@@ -139,9 +139,15 @@ def dataset_sizes(data_bin: str, src: str, tgt: str):
 def batches_per_epoch(src_sizes, tgt_sizes, max_tokens: int) -> int:
     """The batches fairseq-train makes: pairs sorted by target then source length (as
     LanguagePairDataset.ordered_indices) and cut by fairseq's batch_by_size, batch sizes a
-    multiple of 8 where they exceed 8 (fairseq's --required-batch-size-multiple default)."""
+    multiple of 8 where they exceed 8 (fairseq's --required-batch-size-multiple default), with
+    the plugin's fix that keeps the remainder fairseq would drop (what --user-dir loads)."""
     import numpy as np
     from fairseq.data import data_utils
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from fairseq_posenc import compat
+
+    compat.keep_last_batch()
 
     if len(src_sizes) == 0:
         raise PlanError("the binarized training set is empty")

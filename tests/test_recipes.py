@@ -7,11 +7,13 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
 
 import pytest
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(REPO, "recipes")
@@ -32,10 +34,15 @@ OFFICIAL = {
 TINY_MODEL = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 64 --decoder-embed-dim 64 "
               "--encoder-ffn-embed-dim 128 --decoder-ffn-embed-dim 128 --encoder-attention-heads 2 "
               "--decoder-attention-heads 2")
+# DEVICE=cpu: without it the recipes refuse to train on a machine with no GPU
 TRAIN_ENV = {"MODEL_FLAGS": TINY_MODEL, "EXTRA_FLAGS": "--num-workers 0 --seed 1", "MAX_TOKENS": "2000",
              "UPDATE_FREQ": "1", "MAX_EPOCH": "30", "AVERAGE": "2", "WARMUP": "30", "LR": "5e-3",
-             "WORKERS": "1", "GEN_MAX_TOKENS": "2000", "OMP_NUM_THREADS": "1"}
+             "SAVE_INTERVAL_UPDATES": "5", "DEVICE": "cpu", "WORKERS": "1", "GEN_MAX_TOKENS": "2000",
+             "OMP_NUM_THREADS": "1"}
 PAIRS = {"wmt14_en_de": ("en", "de"), "wmt14_en_fr": ("en", "fr"), "wmt18": ("cs", "en")}
+# En-De validates on every 100th training pair (fairseq's split, the default); En-Fr's split takes
+# every 1333rd, none of the toy corpus's 360: it validates on newstest2013; WMT18 on newstest2017
+VALID_ARGS = {"wmt14_en_de": [], "wmt14_en_fr": ["--valid", "newstest2013"], "wmt18": []}
 
 # ------------------------------------------------------------------------------------------------
 # a toy language pair: every word has one translation, order kept; hyphenated compounds,
@@ -127,7 +134,7 @@ def prepared(tmp_path_factory):
             src, tgt = PAIRS[recipe]
             base = tmp_path_factory.mktemp(recipe)
             write_archives(recipe, str(base / "raw"), src, tgt)
-            args = ["--raw-dir", str(base / "raw"), "--out", str(base / "data")]
+            args = ["--raw-dir", str(base / "raw"), "--out", str(base / "data"), *VALID_ARGS[recipe]]
             if recipe == "wmt18":
                 args += ["--pair", f"{src}-{tgt}"]
             # sentencepiece's size counts the characters too (subword-nmt's counts merges only)
@@ -140,15 +147,39 @@ def prepared(tmp_path_factory):
     return prepare
 
 
+@pytest.fixture(scope="module")
+def trained(prepared):
+    """A tiny model trained 30 epochs by the recipe's train.sh on its prepared corpus, once."""
+    made = {}
+
+    def train(recipe, bpe="subword-nmt"):
+        if recipe not in made:
+            src, tgt = PAIRS[recipe]
+            base = prepared(recipe, bpe)[0]
+            env = {**TRAIN_ENV, "DATA": str(base / "data"), "OUT": str(base / "runs" / "sin"), "ENC": "sinusoidal",
+                   "ARCH": "base", "PAIR": f"{src}-{tgt}", "RESULTS": str(base / "results.txt")}
+            made[recipe] = (env, ok(run(f"{recipe}/train.sh", env=env)))
+        return made[recipe]
+
+    return train
+
+
+def plan_numbers(stdout):
+    """Updates per epoch and the averaged updates, as the plan printed them."""
+    per_epoch = int(re.search(r"\| updates per epoch: (\d+)", stdout).group(1))
+    averaged = [int(u) for u in re.search(r"\| averaged: updates ([\d, ]+) \(", stdout).group(1).split(", ")]
+    return per_epoch, averaged
+
+
 @pytest.mark.parametrize("recipe, bpe", [("wmt14_en_de", "subword-nmt"), ("wmt14_en_fr", "sentencepiece"),
                                          ("wmt18", "subword-nmt")])
-def test_recipe_prepares_trains_and_evaluates_offline(prepared, recipe, bpe):
+def test_recipe_prepares_trains_and_evaluates_offline(prepared, trained, recipe, bpe):
     src, tgt = PAIRS[recipe]
     base, out, args, env = prepared(recipe, bpe)
     data = base / "data"
     # prepare: every step ran, with progress, and read the archives from --raw-dir
-    for n in range(1, 8):
-        assert f"== [{n}/7]" in out
+    for n in range(1, 9):
+        assert f"== [{n}/8]" in out
     assert "no download" in out and "| downloading" not in out
     # the miniature archives are not the official files: their published checksums cannot match
     assert "test.tgz: checksum not verified (asked not to)" in out or "test-full.tgz: checksum not verified" in out
@@ -156,6 +187,14 @@ def test_recipe_prepares_trains_and_evaluates_offline(prepared, recipe, bpe):
     n_train_raw = len(lines(data / "raw" / f"train.{src}"))
     assert n_train_raw == 360
     assert len(lines(data / "raw" / f"test.{tgt}")) == 40 and len(lines(data / "raw" / f"valid.{src}")) == 30
+    tok_train = lines(data / "tok" / f"train.{src}")
+    if recipe == "wmt14_en_de":  # fairseq's split: pairs 100, 200, 300 validate, the other 357 train
+        assert "validation: train-every-100th" in out
+        assert lines(data / "split" / f"valid.{src}") == [tok_train[99], tok_train[199], tok_train[299]]
+        assert len(lines(data / "split" / f"train.{src}")) == 357 and len(lines(data / f"valid.{src}")) == 3
+        assert "VALID_NAME=train-every-100th" in (data / "corpus.env").read_text()
+    else:
+        assert len(lines(data / "split" / f"train.{src}")) == 360 and len(lines(data / f"valid.{src}")) == 30
     # sacremoses: aggressive dash splitting and Moses escaping; the test references stay raw
     tok = "\n".join(lines(data / "tok" / f"train.{src}"))
     assert " @-@ " in tok and "&quot;" in tok and "&amp;" in tok
@@ -173,22 +212,30 @@ def test_recipe_prepares_trains_and_evaluates_offline(prepared, recipe, bpe):
             assert (data / "data-bin" / f"{split}.{src}-{tgt}.{lang}.bin").stat().st_size > 0
     assert (data / "data-bin" / f"dict.{src}.txt").read_text() == (data / "data-bin" / f"dict.{tgt}.txt").read_text()
 
-    # a re-run skips what is done
+    # a re-run checks the archives again and skips the 7 steps that are done
     again = ok(run(f"{recipe}/prepare.sh", args, env))
-    assert again.count("done before, skipping") == 7
+    assert again.count("done before, skipping") == 7 and "== [1/8] archives: check" in again
+    assert "checksum not verified (asked not to)" in again
 
-    # train: the plugin's architecture for ENC, tiny sizes, two epochs
+    # train: the plugin's architecture for ENC, tiny sizes, 30 epochs, a checkpoint every 5 updates
     runs = base / "runs"
-    train_env = {**TRAIN_ENV, "DATA": str(data), "OUT": str(runs / "sin"), "ENC": "sinusoidal", "ARCH": "base",
-                 "PAIR": f"{src}-{tgt}", "RESULTS": str(base / "results.txt")}
-    out = ok(run(f"{recipe}/train.sh", env=train_env))
+    train_env, out = trained(recipe, bpe)
     assert "fairseq-train --arch transformer_sinusoidal_wmt_en_de: lr 5e-3, dropout 0.1" in out
+    assert "on CPU (DEVICE=cpu asked for it)" in out
     assert "transformer_sinusoidal_wmt_en_de" in (runs / "sin" / "train.log").read_text()
-    assert {"checkpoint29.pt", "checkpoint30.pt", "checkpoint_last.pt"} <= set(os.listdir(runs / "sin"))
-    assert "checkpoint28.pt" not in os.listdir(runs / "sin")  # --keep-last-epochs AVERAGE
+    # the plan's numbers are fairseq's: 30 epochs of its updates per epoch, and exactly the interval
+    # checkpoints it said would be averaged (those due at an epoch's end are not interval ones)
+    per_epoch, averaged = plan_numbers(out)
+    last = torch.load(runs / "sin" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert last["optimizer_history"][-1]["num_updates"] == 30 * per_epoch
+    interval = {int(m.group(1)) for m in (re.fullmatch(r"checkpoint_\d+_(\d+)\.pt", f) for f in os.listdir(runs / "sin")) if m}
+    assert interval == set(averaged) and len(averaged) == 2 and all(u % 5 == 0 and u % per_epoch for u in averaged)
+    assert not any(re.fullmatch(r"checkpoint\d+\.pt", f) for f in os.listdir(runs / "sin"))  # --no-epoch-checkpoints
 
-    # evaluate: average the last 2, beam search, both BLEUs appended to the results file
+    # evaluate: the run finished; average the last 2, beam search, both BLEUs appended to the results file
     out = ok(run(f"{recipe}/evaluate.sh", env=train_env))
+    assert f"checkpoint_last.pt: finished (epoch 30 of 30, update {30 * per_epoch})" in out
+    assert "fairseq-generate --gen-subset test" in out and "on CPU (DEVICE=cpu asked for it) (--cpu)" in out
     assert (runs / "sin" / "averaged_last2.pt").exists()
     gen = lines(runs / "sin" / f"generate.{test_set}.txt")
     assert sum(line.startswith("H-") for line in gen) == 40
@@ -199,8 +246,9 @@ def test_recipe_prepares_trains_and_evaluates_offline(prepared, recipe, bpe):
     assert sacre, results[0]
     assert sacre.group(2) == f"{src}-{tgt}" and sacre.group(3) == test_set
     assert sacre.group(4) == ("10" if recipe == "wmt18" else "4")  # DIET decoded with beam 10
-    # the toy pair is learnable in 30 epochs (En-De about 40; an untrained model scores about 0.1):
-    # a score this high means that hypotheses, tokenized and raw references stayed aligned
+    # the toy pair is learnable in 30 epochs (measured with the last 2 interval checkpoints, 5
+    # updates apart, averaged: En-De 24.2, En-Fr 12.4, WMT18 cs-en 21.7 SacreBLEU; an untrained
+    # model scores about 0.1): a score this high means that hypotheses, tokenized and raw references stayed aligned
     # sentence by sentence through every step
     assert 8.0 < float(sacre.group(5)) <= 100.0
     tokenized = re.search(r"\| tokenized BLEU (\d+\.\d\d) \(compound split, tokenize none\) \| [\d.]+/[\d.]+/[\d.]+/[\d.]+ "
@@ -220,6 +268,7 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     out = tmp_path / "extrapolation"
     env = {**TRAIN_ENV, "DATA": str(base / "data"), "OUT": str(out), "ENCODINGS": "sinusoidal floater",
            "TRAIN_BELOW": "12", "BINS": "12 15 18", "UNIT": "words", "VANILLA_EPOCHS": "1", "FLOATER_EPOCHS": "2", "MAX_EPOCH": "2",
+           "SAVE_INTERVAL_UPDATES": "2",
            "GEN_FLAGS": "--max-len-b 10"}  # untrained models: keep their hypotheses short
     stdout = ok(run("extrapolation/run.sh", env=env))
     assert "FLOATER: the paper's warm-start protocol" in stdout and "== 2/3 FLOATER warm-started" in stdout
@@ -232,13 +281,15 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
             assert (len(line.split()) < 12) == (name == "train")
         assert len(lines(out / "split" / "bpe" / f"{name}.en")) == len(lines(out / "split" / f"{name}.en"))
     report = (out / "bleu_by_length.md").read_text()
-    assert "| model | [12,15) (words) | [15,18) (words) | [18,inf) (words) |" in report
-    assert re.search(r"^\| sinusoidal \| \d+\.\d\d \(\d+\) \|", report, re.M)
-    assert re.search(r"^\| floater \| \d+\.\d\d \(\d+\) \|", report, re.M)
+    # (the report's layout is scripts/bleu_by_length.py's; here: one row per encoding, every bin)
+    long_pairs = sum(v for k, v in counts.items() if k != "train")
+    assert re.search(r"^\| encoding \| \[12,15\) n=\d+ \| \[15,18\) n=\d+ \| \[18,inf\) n=\d+ \|$", report, re.M)
+    assert re.search(r"^\| sinusoidal \| \d+\.\d \| \d+\.\d \| \d+\.\d \|$", report, re.M)
+    assert re.search(r"^\| floater \| \d+\.\d \(", report, re.M)
     assert "source length in words" in report
     results = json.loads((out / "bleu_by_length.json").read_text())
-    assert set(results["results"]) == {"sinusoidal", "floater"} and results["unit"] == "words"
-    assert sum(r["sentences"] for r in results["results"]["sinusoidal"]) == sum(v for k, v in counts.items() if k != "train")
+    assert set(results["models"]) == {"sinusoidal", "floater"} and results["unit"] == "words"
+    assert sum(b["sentences"] for b in results["bins"]) == long_pairs
     png = (out / "bleu_by_length.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "floater" / "floater" / "averaged_last2.pt").exists()
@@ -299,3 +350,138 @@ def test_published_checksum_mismatch_stops(tmp_path):
     assert proc.returncode == 2
     assert "training-parallel-europarl-v7.tgz: no published checksum, skipped verification" in proc.stdout
     assert "test-full.tgz: md5 is" in proc.stderr and "expected a8cd784e006feb32ac6f3d9ec7eb389a" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# paper scale (issue #16), on the miniature archives
+def test_evaluate_refuses_an_unfinished_run_or_marks_it_and_decodes_in_the_precision_asked(trained, tmp_path):
+    env, out = trained("wmt14_en_de")
+    updates = 30 * plan_numbers(out)[0]
+    run_dir = tmp_path / "half"
+    shutil.copytree(env["OUT"], run_dir, ignore=shutil.ignore_patterns("averaged*", "generate*", "bleu*"))
+    # what an interrupted run leaves: train.sh was asked for 40 epochs, the last checkpoint is at 30
+    (run_dir / "train.env").write_text("TRAINED_MAX_UPDATE=\nTRAINED_MAX_EPOCH=40\n")
+    half = {**env, "OUT": str(run_dir), "RESULTS": str(tmp_path / "results.txt")}
+    proc = run("wmt14_en_de/evaluate.sh", env=half)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"evaluate.sh: {run_dir}/checkpoint_last.pt stopped at update {updates} (epoch 30 finished) before epoch 40: "
+        "training is unfinished (re-run train.sh to finish it, or set ALLOW_UNFINISHED=1 to score it marked UNFINISHED)")
+    assert not (tmp_path / "results.txt").exists() and not (run_dir / "averaged_last2.pt").exists()
+    # on a GPU machine: each precision flag reaches fairseq-generate as the decoding precision
+    for flags, device, decode in [("--bf16", "1 GPU(s) (--bf16); decoding on 1 GPU (bf16)", "--bf16"),
+                                  ("--fp16 --memory-efficient-fp16", "2 GPU(s) (--fp16 --memory-efficient-fp16); "
+                                   "decoding on 1 GPU (fp16)", "--fp16"),
+                                  ("--amp", "1 GPU(s) (--amp); decoding on 1 GPU (fp32)", "")]:
+        gpus = "2" if "memory" in flags else "1"
+        out = ok(run("wmt14_en_de/evaluate.sh", ["--dry-run"], env={**half, "ALLOW_UNFINISHED": "1", "DEVICE": "auto",
+                                                                   "NUM_GPUS": gpus, "DEVICE_FLAGS": flags}))
+        assert "== WARNING: " in out and "scoring it anyway (ALLOW_UNFINISHED=1), marked UNFINISHED" in out
+        assert f"on {device} ({decode}) ->" in out
+        command = re.search(r"^== --dry-run: would run fairseq-generate (.*)$", out, re.M).group(1)
+        assert command.endswith(f"--gen-subset test {decode} --remove-bpe".replace("  ", " ")) and "--cpu" not in command
+        assert ("--fp16" in command, "--bf16" in command) == (decode == "--fp16", decode == "--bf16")
+    # scored anyway when asked: both results lines say so
+    out = ok(run("wmt14_en_de/evaluate.sh", env={**half, "ALLOW_UNFINISHED": "1"}))
+    results = lines(tmp_path / "results.txt")
+    assert len(results) == 2 and all(" avg=2 UNFINISHED | 40 sentences | " in r for r in results)
+
+
+def test_train_refuses_the_cpu_unless_asked_and_keeps_the_papers_batch_on_1_and_8_gpus(prepared, tmp_path):
+    data = prepared("wmt14_en_de")[0] / "data"
+    env = {**TRAIN_ENV, "DATA": str(data), "OUT": str(tmp_path / "run"), "MAX_TOKENS": "4096", "UPDATE_FREQ": "auto"}
+    del env["DEVICE"]
+    proc = run("wmt14_en_de/train.sh", ["--dry-run"], env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("train_plan.py: error: no GPU visible (torch.cuda.device_count() is 0): a WMT-size "
+                                   "stage would take weeks on CPU; set DEVICE=cpu to run it there anyway")
+    for gpus, freq in (("1", 8), ("8", 1)):
+        proc = run("wmt14_en_de/train.sh", ["--dry-run"], env={**env, "NUM_GPUS": gpus, "SAVE_INTERVAL_UPDATES": "7"})
+        assert f"| tokens per update: 4096 x {gpus} GPU x update-freq {freq} = 32768 padded tokens at most" in proc.stdout
+        assert f"| device: {gpus} GPU(s) (--fp16); decoding on 1 GPU (fp16)" in proc.stdout
+        # the toy corpus is one update of the papers' batch: every update ends an epoch, no interval
+        # checkpoint can be written, and the plan says so before anything runs
+        assert "| updates per epoch: 1" in proc.stdout and proc.returncode == 2
+        assert "writes 0 checkpoints every 7 updates (4 more fall at an epoch's end)" in proc.stderr
+        assert not (tmp_path / "run").exists()
+
+
+def test_en_fr_like_run_of_2_6_epochs_averages_interval_checkpoints(prepared, tmp_path):
+    """En-Fr: 100k updates are 2.6 epochs, too few for 5 epoch checkpoints. Here 18 updates of
+    about 7 an epoch: the default interval is refused, one of 3 updates gives 5 or 6 checkpoints,
+    the last 5 averaged."""
+    data = prepared("wmt14_en_de")[0] / "data"
+    env = {**TRAIN_ENV, "DATA": str(data), "OUT": str(tmp_path / "run"), "MAX_EPOCH": "", "MAX_UPDATE": "18",
+           "AVERAGE": "5", "SAVE_INTERVAL_UPDATES": "auto"}
+    proc = run("wmt14_en_de/train.sh", env=env)
+    assert proc.returncode == 2
+    assert "writes 0 checkpoints every 1250 updates: too few to average the last 5" in proc.stderr
+    out = ok(run("wmt14_en_de/train.sh", env={**env, "SAVE_INTERVAL_UPDATES": "3"}))
+    per_epoch, averaged = plan_numbers(out)
+    assert 6 <= per_epoch <= 9 and f"({18 / per_epoch:.2f} epochs, --max-update)" in out
+    assert averaged == [u for u in range(3, 19, 3) if u % per_epoch][-5:]
+    # fairseq wrote exactly those (checkpoint_EPOCH_UPDATE.pt), at the epochs the plan's count implies
+    kept = {f for f in os.listdir(tmp_path / "run") if re.fullmatch(r"checkpoint_\d+_\d+\.pt", f)}
+    assert kept == {f"checkpoint_{(u - 1) // per_epoch + 1}_{u}.pt" for u in averaged}
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "average_checkpoints.py"), "--inputs",
+                           str(tmp_path / "run"), "--num-update-checkpoints", "5", "--output", str(tmp_path / "avg.pt")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "averaged 5 checkpoints" in proc.stderr, proc.stderr
+
+
+def test_prepare_rerun_with_another_bpe_size_redoes_bpe_and_what_follows(prepared, tmp_path):
+    base, _, args, env = prepared("wmt14_en_de")
+    shutil.copytree(base / "data", tmp_path / "data")
+    args = [a if a != str(base / "data") else str(tmp_path / "data") for a in args]
+    out = ok(run("wmt14_en_de/prepare.sh", args, {**env, "BPE_SIZE": "80"}))
+    assert out.count("done before, skipping") == 3  # extract, tokenize, split
+    assert "== [5/8] learn joint subword-nmt (80): redoing (settings changed: size 60 -> 80)" in out
+    assert "== [6/8] apply subword-nmt: redoing (step learn_bpe ran again since)" in out
+    assert "== [8/8] fairseq-preprocess --joined-dictionary" in out and "redoing (step clean ran again since)" in out
+    assert "BPE_SIZE=80" in (tmp_path / "data" / "corpus.env").read_text()
+    # more merges: fewer, longer subwords than the 60-merge corpus
+    old, new = (sum(len(line.split()) for line in lines(d / "train.en")) for d in (base / "data", tmp_path / "data"))
+    assert new < old
+
+
+def test_truncated_archive_in_the_cache_is_downloaded_again_after_deleting_it(tmp_path):
+    write_archives("wmt14_en_de", str(tmp_path / "mirror"), "en", "de", train_pairs=90)
+    cache = tmp_path / "cache"
+    shutil.copytree(tmp_path / "mirror", cache)
+    whole = (cache / "training-parallel-nc-v9.tgz").read_bytes()
+    (cache / "training-parallel-nc-v9.tgz").write_bytes(whole[: len(whole) // 2])
+    env = {"ARCHIVES": str(cache), "MIRROR": f"file://{tmp_path}/mirror", "VERIFY_CHECKSUMS": "0", "BPE_SIZE": "40",
+           "WORKERS": "1"}
+    args = ["--out", str(tmp_path / "data"), "--valid", "newstest2013"]
+    proc = run("wmt14_en_de/prepare.sh", args, env)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"wmt_data.py: error: {cache}/training-parallel-nc-v9.tgz is not a readable tar "
+                                  "archive (") and proc.stderr.strip().endswith("delete it and download it again")
+    os.remove(cache / "training-parallel-nc-v9.tgz")
+    out = ok(run("wmt14_en_de/prepare.sh", args, env))
+    assert f"| downloading file://{tmp_path}/mirror/training-parallel-nc-v9.tgz" in out
+    assert out.count("| downloading") == 1 and (cache / "training-parallel-nc-v9.tgz").read_bytes() == whole
+    assert len(lines(tmp_path / "data" / "raw" / "train.en")) == 90
+
+
+def test_arguments_a_recipe_does_not_take_are_refused(tmp_path):
+    proc = run("wmt14_en_de/prepare.sh", ["--pair", "en-fr"])
+    assert proc.returncode == 2 and proc.stderr.strip() == "prepare.sh: --pair: wmt14_en_de has one pair, en-de"
+    proc = run("wmt14_en_fr/train.sh", ["--epochs", "3"])
+    assert proc.returncode == 2 and proc.stderr.strip() == "train.sh: unknown argument '--epochs' (see --help)"
+    # wmt18 takes --pair: cs-en is the cs-en corpus, not en-de's
+    proc = run("wmt18/train.sh", ["--pair", "cs-en"], cwd=str(tmp_path))
+    assert proc.returncode == 2 and "no prepared corpus in DATA=data/wmt18_cs_en" in proc.stderr
+
+
+def test_en_fr_floater_big_plans_the_papers_one_epoch_half_lr_and_last_5(prepared, tmp_path):
+    data = prepared("wmt14_en_fr", "sentencepiece")[0] / "data"
+    env = {k: v for k, v in TRAIN_ENV.items() if k not in ("AVERAGE", "LR", "MAX_EPOCH")}
+    env.update({"DATA": str(data), "OUT": str(tmp_path / "run"), "ENC": "floater", "ARCH": "big",
+                "MAX_UPDATE": "300", "SAVE_INTERVAL_UPDATES": "1"})
+    out = ok(run("wmt14_en_fr/train.sh", ["--dry-run"], env=env))
+    per_epoch = plan_numbers(out)[0]
+    assert "== FLOATER protocol (big): vanilla at lr 5e-4, FLOATER at lr 0.00025, dropout 0.1" in out
+    assert "| stage vanilla: ends at its update 300 (" in out
+    assert f"| stage floater: ends at its update {per_epoch} (1.00 epochs, --max-epoch)" in out
+    assert "the last 5 kept (--keep-interval-updates)" in out and "== --dry-run: nothing trained" in out

@@ -1,54 +1,56 @@
 #!/usr/bin/env bash
 # FLOATER's training protocol (Liu et al., 2020), over fairseq's CLI:
-#   1. train a vanilla (sinusoidal) Transformer,
-#   2. warm-start FLOATER from its best checkpoint (h = 0, zero initial states: at first exactly
-#      the vanilla model) and train on at half the peak learning rate,
-#   3. average the last 5 epoch checkpoints.
+#   1. train a vanilla (sinusoidal) Transformer (MAX_UPDATE / MAX_EPOCH, as any other model),
+#   2. warm-start FLOATER from its best checkpoint (h's output layer and the initial states at
+#      0: at first exactly the vanilla model) and train FLOATER_EPOCHS more epochs (10 for
+#      En-De, 1 for En-Fr) at half the peak learning rate,
+#   3. average the last AVERAGE (5, as the paper) interval checkpoints of stage 2.
 #
-#   DATA_BIN=data-bin/wmt14_en_de OUT=runs/floater ARCH=base bash recipes/floater/train.sh
+#   DATA_BIN=data/wmt14_en_de/data-bin OUT=runs/floater ARCH=base bash recipes/floater/train.sh [--dry-run]
 #
-# Every setting below can be overridden from the environment; EXTRA_FLAGS is appended to both
-# fairseq-train commands (e.g. "--cpu" or smaller model sizes for a dry run).
+#   --dry-run   print the plan of both stages (devices, batch, updates, checkpoints, averaging, disk)
+#   env: ARCH (base | big), LR (7e-4 base, 5e-4 big; FLOATER continues at LR / 2), MAX_UPDATE,
+#        MAX_EPOCH (stage 1; VANILLA_EPOCHS is read as MAX_EPOCH), FLOATER_EPOCHS (10),
+#        FLOATER_MAX_UPDATE, WARMUP (4000), DROPOUT, MAX_TOKENS, UPDATE_FREQ (auto),
+#        SAVE_INTERVAL_UPDATES (auto), AVERAGE (5), DEVICE, NUM_GPUS, DEVICE_FLAGS (see
+#        recipes/wmt14_en_de/train.sh), MODEL_FLAGS / EXTRA_FLAGS (appended to both fairseq-train)
 set -euo pipefail
-
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+RECIPE=floater
+. "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 DATA_BIN="${DATA_BIN:?set DATA_BIN to a fairseq-preprocess output directory}"
-OUT="${OUT:-runs/floater}"
-ARCH="${ARCH:-base}"                  # base | big
-VANILLA_EPOCHS="${VANILLA_EPOCHS:-30}"
-FLOATER_EPOCHS="${FLOATER_EPOCHS:-10}"
-LR="${LR:-7e-4}"                      # the paper's peak lr; FLOATER continues at LR / 2
-MAX_TOKENS="${MAX_TOKENS:-4096}"
-UPDATE_FREQ="${UPDATE_FREQ:-8}"       # 4096 x 8 tokens: the ~25k-token batches of the papers
-AVERAGE="${AVERAGE:-5}"
-[ -d "$ROOT/.venv/bin" ] && export PATH="$ROOT/.venv/bin:$PATH"  # what `make install` built
-PYTHON="${PYTHON:-python}"
-EXTRA_FLAGS="${EXTRA_FLAGS:-}"
-
-case "$ARCH" in
-  base) SUFFIX=wmt_en_de ;;
-  big) SUFFIX=wmt_en_de_big ;;
-  *) echo "ARCH must be base or big, got '$ARCH'" >&2; exit 2 ;;
-esac
-ls "$DATA_BIN"/dict.*.txt >/dev/null 2>&1 || {
-  echo "no fairseq dictionary in DATA_BIN=$DATA_BIN: run fairseq-preprocess first" >&2; exit 2; }
-
-common=(--user-dir "$ROOT/fairseq_posenc" --share-all-embeddings
-  --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-9 --clip-norm 0.0
-  --lr-scheduler inverse_sqrt --warmup-updates 4000
-  --criterion label_smoothed_cross_entropy --label-smoothing 0.1
-  --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --no-progress-bar --log-interval 100)
-
-echo "== 1/3 vanilla transformer_sinusoidal_$SUFFIX for $VANILLA_EPOCHS epochs -> $OUT/vanilla"
-fairseq-train "$DATA_BIN" "${common[@]}" --arch "transformer_sinusoidal_$SUFFIX" \
-  --lr "$LR" --max-epoch "$VANILLA_EPOCHS" --save-dir "$OUT/vanilla" $EXTRA_FLAGS
-
+parse_run_args "$@"
+ENC=floater
+MAX_EPOCH="${MAX_EPOCH:-${VANILLA_EPOCHS:-}}"
+set_training_defaults
+ls "$DATA_BIN"/dict.*.txt >/dev/null 2>&1 || die "no fairseq dictionary in DATA_BIN=$DATA_BIN: run fairseq-preprocess first"
 HALF_LR=$("$PYTHON" -c "print(float('$LR') / 2)")
-echo "== 2/3 FLOATER warm-started from $OUT/vanilla/checkpoint_best.pt, lr $HALF_LR, $FLOATER_EPOCHS epochs"
-fairseq-train "$DATA_BIN" "${common[@]}" --arch "transformer_floater_$SUFFIX" \
-  --floater-init-from "$OUT/vanilla/checkpoint_best.pt" \
-  --lr "$HALF_LR" --max-epoch "$FLOATER_EPOCHS" --save-dir "$OUT/floater" $EXTRA_FLAGS
+echo "== FLOATER protocol ($ARCH): vanilla at lr $LR, FLOATER at lr $HALF_LR, dropout $DROPOUT -> $OUT"
+plan_training "$DATA_BIN"
+if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained"; exit 0; fi
+mkdir -p "$OUT"
+printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" > "$OUT/train.env"
 
-echo "== 3/3 averaging the last $AVERAGE epoch checkpoints -> $OUT/floater/averaged.pt"
-"$PYTHON" "$ROOT/scripts/average_checkpoints.py" --inputs "$OUT/floater" \
-  --num-epoch-checkpoints "$AVERAGE" --output "$OUT/floater/averaged.pt"
+common=(--user-dir "$USER_DIR" --share-all-embeddings
+  --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-9 --clip-norm 0.0
+  --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07
+  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --weight-decay 0.0 --dropout "$DROPOUT"
+  --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --save-interval-updates "$SAVE_INTERVAL_UPDATES"
+  --no-epoch-checkpoints --no-progress-bar --log-interval 100 --log-format simple)
+
+# stage 1 keeps checkpoint_best.pt and checkpoint_last.pt only; it validates at every interval
+echo "== 1/3 vanilla transformer_sinusoidal_$SUFFIX, lr $LR, ${MAX_EPOCH:+$MAX_EPOCH epochs / }${MAX_UPDATE:+$MAX_UPDATE updates }on $DEVICE_DESC -> $OUT/vanilla"
+# shellcheck disable=SC2086
+fairseq-train "$DATA_BIN" "${common[@]}" --arch "transformer_sinusoidal_$SUFFIX" --lr "$LR" \
+  ${MAX_UPDATE:+--max-update $MAX_UPDATE} ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} --keep-interval-updates 1 \
+  --save-dir "$OUT/vanilla" $TRAIN_DEVICE_FLAGS $MODEL_FLAGS $EXTRA_FLAGS
+
+echo "== 2/3 FLOATER warm-started from $OUT/vanilla/checkpoint_best.pt, lr $HALF_LR, $FLOATER_EPOCHS epochs${FLOATER_MAX_UPDATE:+ / $FLOATER_MAX_UPDATE updates} on $DEVICE_DESC"
+# shellcheck disable=SC2086
+fairseq-train "$DATA_BIN" "${common[@]}" --arch "transformer_floater_$SUFFIX" \
+  --floater-init-from "$OUT/vanilla/checkpoint_best.pt" --lr "$HALF_LR" \
+  --max-epoch "$FLOATER_EPOCHS" ${FLOATER_MAX_UPDATE:+--max-update $FLOATER_MAX_UPDATE} \
+  --keep-interval-updates "$AVERAGE" --save-dir "$OUT/floater" $TRAIN_DEVICE_FLAGS $MODEL_FLAGS $EXTRA_FLAGS
+
+echo "== 3/3 averaging the last $AVERAGE interval checkpoints -> $OUT/floater/averaged_last$AVERAGE.pt"
+"$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$OUT/floater" \
+  --num-update-checkpoints "$AVERAGE" --output "$OUT/floater/averaged_last$AVERAGE.pt"

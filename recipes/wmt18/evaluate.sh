@@ -3,10 +3,11 @@
 # here by default), plus tokenized BLEU with compound splitting; lines appended to RESULTS
 # (results/wmt18_<src>_<tgt>.txt). See recipes/wmt14_en_de/evaluate.sh for every variable.
 #
-#   PAIR=en-de ENC=diet_rel ARCH=base bash recipes/wmt18/evaluate.sh
+#   ENC=diet_rel ARCH=base bash recipes/wmt18/evaluate.sh --pair en-de [--dry-run]   (or PAIR=en-de)
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-PAIR="${PAIR:-en-de}"
+PAIR="${PAIR:-en-de}" PAIR_CHOICES=1
+parse_run_args "$@"
 . "$(dirname "${BASH_SOURCE[0]}")/pair.sh"
 BEAM="${BEAM:-10}"
 load_corpus

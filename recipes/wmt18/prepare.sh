@@ -10,14 +10,17 @@
 #                   (the two test archives are both called test.tgz on statmt.org: keep them as
 #                   wmt17-test.tgz and wmt18-test.tgz)
 #   --out DIR       where everything goes (default data/wmt18_<src>_<tgt>)
+#   --valid V       newstest2017 (default, as DIET) or split (every 100th training pair, as fairseq)
+#   env: ARCHIVES (data/archives: the four pairs share one download), MIRROR (as wmt14_en_de)
 #   env: BPE=subword-nmt|sentencepiece (subword-nmt), BPE_SIZE (40000), WORKERS
 #
 # A re-run skips the steps that finished (markers in DIR/.done/).
 set -euo pipefail
 VALID_NAME=newstest2017 TEST_NAME=newstest2018 RECIPE=wmt18
+VALID="${VALID:-newstest2017}" VALID_EVERY=100  # DIET validated on newstest2017; --valid split as fairseq
 SOURCES="$(dirname "${BASH_SOURCE[0]}")/sources"
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-PAIR="${PAIR:-en-de}"
+PAIR="${PAIR:-en-de}" PAIR_CHOICES=1
 parse_prepare_args "$@"
 . "$(dirname "${BASH_SOURCE[0]}")/pair.sh"
 prepare_corpus
