@@ -256,25 +256,31 @@ def read_decoding_limit(log_text: str):
     return (float(m.group(1)), int(m.group(2))) if m else None
 
 
+def _limits(max_len_a: float, max_len_b: int, length: int, max_positions: int = None):
+    """(allowed, needed) target tokens for a source of ``length`` tokens, rounded down as fairseq's
+    SequenceGenerator rounds ``int(a * length + b)`` (so a = 1.5, b = 10 meets its own rule)."""
+    allowed = int(max_len_a * length + max_len_b)
+    if max_positions is not None:
+        allowed = min(allowed, max_positions - 1)
+    return allowed, int(1.5 * length + 10)
+
+
+def decoding_limit_ok(max_len_a: float, max_len_b: int, longest_source: int, max_positions: int = None) -> bool:
+    """a*L + b >= 1.5*L + 10 for every source length L up to the longest: both sides are lines in
+    L, so checking the two ends suffices (the positions cap only matters at the longest)."""
+    return all(allowed >= needed for allowed, needed in (
+        _limits(max_len_a, max_len_b, 0, max_positions), _limits(max_len_a, max_len_b, longest_source, max_positions)))
+
+
 def decoding_limit_note(max_len_a: float, max_len_b: int, longest_source: int, max_positions: int = None,
                         what: str = "fairseq-generate") -> str:
     """One line for the report's footer: whether the decoding limit (fairseq: at most
     ``a * source length + b`` target tokens, and fewer than the model's positions) allows
-    1.5x the longest source plus 10, so that no output was shortened by it."""
-    needed = math.ceil(1.5 * longest_source + 10)
-    allowed = int(max_len_a * longest_source + max_len_b)  # as fairseq's SequenceGenerator rounds it
-    if max_positions is not None:
-        allowed = min(allowed, max_positions - 1)
+    1.5x the longest source plus 10, so that it is not what shortens a long output."""
+    allowed, needed = _limits(max_len_a, max_len_b, longest_source, max_positions)
     ok = decoding_limit_ok(max_len_a, max_len_b, longest_source, max_positions)
-    verdict = "no output was cut by it" if ok else "LONG OUTPUTS MAY HAVE BEEN CUT BY IT"
+    verdict = "outputs that long are not cut" if ok else "LONG OUTPUTS MAY HAVE BEEN CUT BY IT"
     return (f"Decoding limit: {what} --max-len-a {max_len_a:g} --max-len-b {max_len_b}"
             + (f", {max_positions} positions" if max_positions is not None else "")
             + f" allow {allowed} target tokens for the longest source ({longest_source} tokens), "
-            f"at least 1.5x + 10 = {needed} needed: {verdict}.")
-
-
-def decoding_limit_ok(max_len_a: float, max_len_b: int, longest_source: int, max_positions: int = None) -> bool:
-    """a*L + b >= 1.5*L + 10 for every source length L up to the longest (a line: its two ends)."""
-    if max_positions is not None and max_positions - 1 < 1.5 * longest_source + 10:
-        return False
-    return max_len_b >= 10 and max_len_a * longest_source + max_len_b >= 1.5 * longest_source + 10
+            f"1.5x + 10 = {needed} needed: {verdict}.")

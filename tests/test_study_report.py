@@ -122,13 +122,16 @@ def test_generations_of_other_sentences_are_refused():
 
 
 def test_decoding_limit_check():
-    # the WMT recipes' x + 50 covers 1.5x + 10 up to 80 source tokens, not past
-    assert decoding_limit_ok(1, 50, 80) and not decoding_limit_ok(1, 50, 81)
+    # the WMT recipes' x + 50 covers 1.5x + 10 up to 81 source tokens (80 words and the end of
+    # sentence; 81 by rounding: 131 >= int(131.5)), not past
+    assert decoding_limit_ok(1, 50, 81) and not decoding_limit_ok(1, 50, 82)
     assert decoding_limit_ok(1.5, 10, 500) and not decoding_limit_ok(0, 200, 200)  # fairseq's default
     assert not decoding_limit_ok(1.5, 50, 700, max_positions=1024)  # 1060 tokens needed, 1023 positions
     assert decoding_limit_note(1, 50, 120).endswith(
-        "allow 170 target tokens for the longest source (120 tokens), at least 1.5x + 10 = 190 needed: "
+        "allow 170 target tokens for the longest source (120 tokens), 1.5x + 10 = 190 needed: "
         "LONG OUTPUTS MAY HAVE BEEN CUT BY IT.")
+    # fairseq rounds a * L + b down: 1.5x + 10 itself passes at odd lengths, 1.5x + 9 does not
+    assert decoding_limit_ok(1.5, 10, 51) and not decoding_limit_ok(1.5, 9, 51) and not decoding_limit_ok(2, 9, 51)
     log = "INFO | fairseq_cli.generate | {'generation': {'beam': 4, 'max_len_a': 1.5, 'max_len_b': 50, 'min_len': 1}"
     assert read_decoding_limit(log) == (1.5, 50) and read_decoding_limit("no config") is None
 
@@ -176,8 +179,8 @@ def test_bleu_by_length_takes_one_generation_per_seed_and_a_baseline(tmp_path):
     assert saved["baseline"] == "bad" and saved["seeds"] == [4, 5]
     assert all(r["vs_baseline"]["significant"] and r["vs_baseline"]["low"] > 20 for r in saved["models"]["good"])
     # sources of 4-20 words + end of sentence: 21 tokens, x + 50 = 71 >= 1.5 * 21 + 10
-    assert saved["footer"].endswith("allow 71 target tokens for the longest source (21 tokens), at least 1.5x + 10 "
-                                    "= 42 needed: no output was cut by it.")
+    assert saved["footer"].endswith("allow 71 target tokens for the longest source (21 tokens), 1.5x + 10 "
+                                    "= 41 needed: outputs that long are not cut.")
     assert (tmp_path / "len.png").exists() and "| wrote " in proc.stdout
 
 

@@ -100,7 +100,7 @@ for ENC in $ENCODINGS; do
     set_training_defaults
     step "$name" "[$ENC seed $SEED] train, average, decode the long pairs -> $OUT" _train_and_decode
     files="${files:+$files,}$OUT/generate.long.detok.txt"
-    logs+=("$OUT/generate.long.txt")
+    logs+=("$OUT/generate.long.txt.log")  # fairseq-generate's stderr: its config line has the limit
   done
   generations+=("$ENC=$files")
 done
