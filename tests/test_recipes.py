@@ -485,3 +485,17 @@ def test_en_fr_floater_big_plans_the_papers_one_epoch_half_lr_and_last_5(prepare
     assert "| stage vanilla: ends at its update 300 (" in out
     assert f"| stage floater: ends at its update {per_epoch} (1.00 epochs, --max-epoch)" in out
     assert "the last 5 kept (--keep-interval-updates)" in out and "== --dry-run: nothing trained" in out
+
+
+def test_wmt18_pairs_share_one_archive_cache(tmp_path):
+    """The four pairs read the same five archives: the second pair downloads nothing. (The toy
+    archives hold cs-en members only, so both runs stop at extraction, after the fetch.)"""
+    write_archives("wmt18", str(tmp_path / "mirror"), "cs", "en", train_pairs=30)
+    env = {"ARCHIVES": str(tmp_path / "cache"), "MIRROR": f"file://{tmp_path}/mirror", "VERIFY_CHECKSUMS": "0"}
+    first = run("wmt18/prepare.sh", ["--pair", "en-de", "--out", str(tmp_path / "en_de")], env)
+    second = run("wmt18/prepare.sh", ["--pair", "de-en", "--out", str(tmp_path / "de_en")], env)
+    assert first.stdout.count("| downloading file://") == 5
+    assert second.stdout.count("already there, not downloading") == 5 and "| downloading" not in second.stdout
+    for proc in (first, second):  # the cs-en toy archives have no German members
+        assert proc.returncode == 2 and "has no member training/europarl-v7.de-en." in proc.stderr
+    assert sorted(os.listdir(tmp_path / "cache")) == sorted(OFFICIAL["wmt18"])
