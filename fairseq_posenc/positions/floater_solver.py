@@ -8,16 +8,21 @@ interpolation. At step dt / 5 that is 20 evaluations of h per position, each two
 a state of (block states, width): the cost is per-operation overhead, and the backward through
 autograd's graph of thousands of nodes costs more than the solve. Here:
 
-- the forward runs the same steps with the same operations in the same order (same solution to
-  float32 rounding) and stores each evaluation's input z and hidden activation relu(z W1 + ...);
+- the forward runs the same steps (``_RK4``: the same operations in the same order, the same
+  solution bit for bit; ``_RK4Hidden``, the default at h's usual sizes: the same steps carried in
+  h's hidden space, half the matmuls, the same solution to float32 rounding) and stores what the
+  backward needs of each evaluation;
 - the backward is the discrete adjoint of those steps: it runs them backwards with the
-  vector-Jacobian products of h written out (one matmul pair and one relu mask per evaluation),
-  and h's weight gradients come from one large matmul per chunk of steps rather than two small
-  ones per evaluation.
+  vector-Jacobian products of h written out (one or two matmuls and one relu mask per
+  evaluation), and h's weight gradients come from one large matmul per chunk of steps rather
+  than small ones per evaluation.
+
+Measured on 2 CPU cores, one thread, one solve + backward for 64 / 128 positions
+(``scripts/benchmark.py --floater-solve``): see the README's FLOATER section.
 
 h(t, z) = relu(z W1 + b1 + t time1) W2 + b2 + t time2 (:class:`~.floater.Float32Field`).
 """
-from typing import Optional, Sequence, Tuple
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -157,8 +162,145 @@ class _RK4(torch.autograd.Function):
         return None, None, adjoint, gw1, gb1, gtime1, gw2, gb2, gtime2
 
 
+#: the rk4 weights of a step's four evaluations: y1 = y0 + h / 8 (k1 + 3 k2 + 3 k3 + k4)
+_WEIGHTS = (0.125, 0.375, 0.375, 0.125)
+
+
+class _RK4Hidden(torch.autograd.Function):
+    """The same steps carried in h's hidden space: half the matmuls.
+
+    With k = relu(p) W2 + b2(t), the next pre-activation p = z W1 + b1(t) only ever needs z W1,
+    and z is y plus a combination of the k's. Carrying u = y W1 (and q = k W1 = relu(p) M + b2(t) W1
+    with M = W2 W1) costs one (states x hidden x hidden) matmul per evaluation instead of two of
+    (states x dim x hidden). y itself is y0 + (the weighted sum of the relu(p)'s) W2 + the b2
+    terms, computed with one matmul at the end for the positions read. The steps are those of
+    torchdiffeq's rk4 in exact arithmetic; in float32 the sums are associated differently
+    (``tests/test_floater_solver.py``: the same solution and gradients to 1e-5).
+    """
+
+    @staticmethod
+    def forward(ctx, times: Tensor, step: float, y0: Tensor, w1: Tensor, b1: Tensor, time1: Tensor,
+                w2: Tensor, b2: Tensor, time2: Tensor) -> Tensor:
+        store = any(ctx.needs_input_grad[2:])
+        grid = step_grid(times, step)
+        t0, t1 = grid[:-1], grid[1:]
+        dt = t1 - t0
+        stage_times = torch.stack([t0, t0 + dt * (1 / 3), t0 + dt * (2 / 3), t1], dim=1)  # (N, 4)
+        bias1 = b1 + stage_times[..., None] * time1  # (N, 4, hidden)
+        bias2 = b2 + stage_times[..., None] * time2  # (N, 4, dim)
+        n, (states, dim), hidden = dt.numel(), y0.shape, w1.size(1)
+        m = w2.mm(w1)  # (hidden, hidden)
+        c = bias2.view(-1, dim).mm(w1).view(n, 4, hidden)  # b2(t) W1
+        u = y0.mm(w1)
+        # each evaluation's relu(p), which is all the backward needs: (N, 4, states, hidden)
+        rs = y0.new_empty(n if store else 1, 4, states, hidden)
+        # the steps' weighted sums of relu(p), whose running total times W2 moves y
+        rho = y0.new_empty(n, states, hidden)
+        for i, h in enumerate(dt.tolist()):
+            r = rs[i if store else 0]
+            torch.add(u, bias1[i, 0], out=r[0]).relu_()
+            q1 = torch.addmm(c[i, 0], r[0], m)
+            torch.add(u, q1, alpha=h / 3, out=r[1]).add_(bias1[i, 1]).relu_()
+            q2 = torch.addmm(c[i, 1], r[1], m)
+            torch.add(u, q2 - q1 * (1 / 3), alpha=h, out=r[2]).add_(bias1[i, 2]).relu_()
+            q3 = torch.addmm(c[i, 2], r[2], m)
+            torch.add(u, q1 - q2 + q3, alpha=h, out=r[3]).add_(bias1[i, 3]).relu_()
+            q4 = torch.addmm(c[i, 3], r[3], m)
+            u = u + (q1 + 3 * (q2 + q3) + q4) * (h * 0.125)
+            torch.add(r[0] + r[3], r[1] + r[2], alpha=3, out=rho[i]).mul_(h * 0.125)
+        weights = dt[:, None] * dt.new_tensor(_WEIGHTS)  # (N, 4)
+        beta = (weights[..., None] * bias2).sum(1)  # (N, dim): the b2 terms of each step
+        zero = y0.new_zeros(1, states, hidden)
+        totals = torch.cat([zero, rho.cumsum(0)])  # (N + 1, states, hidden)
+        beta_totals = torch.cat([beta.new_zeros(1, dim), beta.cumsum(0)])  # (N + 1, dim)
+
+        steps, slope, at_start, at_end = _interpolation(times, grid)
+        read = torch.cat([steps, steps + 1])
+        ys = y0 + totals[read].matmul(w2) + beta_totals[read][:, None]
+        y_start, y_end = ys.chunk(2)
+        inside = y_start + slope[:, None, None] * (y_end - y_start)
+        out = torch.where(at_start[:, None, None], y_start, torch.where(at_end[:, None, None], y_end, inside))
+        if store:
+            ctx.save_for_backward(stage_times, dt, rs, rho, y0, m, c, bias2, steps, slope, at_start, at_end,
+                                  w1, w2)
+        return torch.cat([y0[None], out])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        (stage_times, dt, rs, rho, y0, m, c, bias2, steps, slope, at_start, at_end, w1, w2) = ctx.saved_tensors
+        n, _, states, hidden = rs.shape
+        dim = y0.size(1)
+        # the gradient on y at each grid point, from the interpolated outputs: (N + 1, states, dim)
+        grad_ys = grad_out.new_zeros(n + 1, states, dim)
+        grad_ys[0] += grad_out[0]
+        g = grad_out[1:]
+        w_start = torch.where(at_start, 1.0, torch.where(at_end, 0.0, 1 - slope))
+        w_end = torch.where(at_end, 1.0, torch.where(at_start, 0.0, slope))
+        grad_ys.index_add_(0, steps, g * w_start[:, None, None])
+        grad_ys.index_add_(0, steps + 1, g * w_end[:, None, None])
+        # y_j = y0 + (rho_0 + ... + rho_{j-1}) W2 + (beta_0 + ... + beta_{j-1}): step i's sums reach
+        # every y after it
+        later = grad_ys.flip(0).cumsum(0).flip(0)[1:]  # (N, states, dim)
+        grad_y0 = grad_ys.sum(0)
+        grad_w2 = rho.reshape(-1, hidden).t().mm(later.reshape(-1, dim))
+        grad_rho = later.matmul(w2.t())  # (N, states, hidden)
+        grad_beta = later.sum(1)  # (N, dim)
+
+        grad_m = m.new_zeros(m.shape)
+        grad_c = c.new_zeros(c.shape)  # summed over states: (N, 4, hidden)
+        grad_b1_t = c.new_zeros(c.shape)
+        chunk = min(CHUNK, n)
+        g_q = rs.new_empty(chunk, 4, states, hidden)  # the gradient on each q
+        g_p = rs.new_empty(chunk, 4, states, hidden)  # on each pre-activation p
+        mt = m.t()
+
+        adjoint = rs.new_zeros(states, hidden)  # on u after the last step: u is not an output
+        dts = dt.tolist()
+        for i in range(n - 1, -1, -1):
+            k, h = i % chunk, dts[i]
+            gq, gp, r, g_rho = g_q[k], g_p[k], rs[i], grad_rho[i]
+
+            def vjp(stage: int, grad: Tensor) -> Tensor:
+                """p's gradient from q's, and from rho's through relu(p)."""
+                gq[stage] = grad
+                g_r = torch.addmm(g_rho, grad, mt, beta=h * _WEIGHTS[stage])
+                return torch.ops.aten.threshold_backward.grad_input(g_r, r[stage], 0, grad_input=gp[stage])
+
+            # p2 = u + h q1 / 3, p3 = u + h (q2 - q1 / 3), p4 = u + h (q1 - q2 + q3), p_i += b1(t_i)
+            a = adjoint
+            gq4 = a * (h * 0.125)
+            gp4 = vjp(3, gq4)
+            gp3 = vjp(2, a * (h * 0.375) + gp4 * h)
+            gp2 = vjp(1, a * (h * 0.375) + (gp3 - gp4) * h)
+            gp1 = vjp(0, gq4 + (gp4 + (gp2 - gp3) * (1 / 3)) * h)
+            adjoint = a + gp1 + gp2 + gp3 + gp4
+
+            if k == 0:  # the chunk is done: its weight gradients in one matmul
+                count = min(chunk, n - i)
+                done = slice(i, i + count)
+                grad_m.addmm_(rs[done].reshape(-1, hidden).t(), g_q[:count].reshape(-1, hidden))
+                grad_c[done] = g_q[:count].sum(2)
+                grad_b1_t[done] = g_p[:count].sum(2)
+
+        # u0 = y0 W1, M = W2 W1, c = b2(t) W1
+        grad_y0 = grad_y0 + adjoint.mm(w1.t())
+        grad_w1 = y0.t().mm(adjoint) + w2.t().mm(grad_m) + bias2.reshape(-1, dim).t().mm(grad_c.reshape(-1, hidden))
+        grad_w2 = grad_w2 + grad_m.mm(w1.t())
+        weights = dt[:, None] * dt.new_tensor(_WEIGHTS)
+        grad_b2_t = grad_c.matmul(w1.t()) + weights[..., None] * grad_beta[:, None]  # (N, 4, dim)
+        grad_b1, grad_b2 = grad_b1_t.sum((0, 1)), grad_b2_t.sum((0, 1))
+        grad_time1 = (stage_times[..., None] * grad_b1_t).sum((0, 1))
+        grad_time2 = (stage_times[..., None] * grad_b2_t).sum((0, 1))
+        return None, None, grad_y0, grad_w1, grad_b1, grad_time1, grad_w2, grad_b2, grad_time2
+
+
 def rk4(weights: Sequence[Tensor], y0: Tensor, times: Tensor, step: float) -> Tensor:
     """``odeint(Float32Field(weights), y0, times, method="rk4", options={"step_size": step})``:
-    (len(times), *y0.shape), differentiable in ``y0`` and the weights."""
+    (len(times), *y0.shape), differentiable in ``y0`` and the weights, in the dtype of ``y0``
+    whatever autocast asks for."""
+    dim, hidden = weights[0].shape
+    # an evaluation costs (states x hidden x hidden) in hidden space, 2 (states x dim x hidden) in y's
+    solver = _RK4Hidden if hidden < 2 * dim else _RK4
     with torch.autocast(device_type=y0.device.type, enabled=False):
-        return _RK4.apply(times, step, y0, *weights)
+        return solver.apply(times, step, y0, *weights)
