@@ -1,6 +1,10 @@
 """A training run killed with SIGKILL mid-epoch and restarted with the same command continues
 from its last checkpoint and logs the same losses as a run that was never interrupted.
 
+The run kills itself right after update 25 (``KILL`` below wraps fairseq-train, for this test
+only), with checkpoints saved at updates 10 and 20: the kill point is the same on any machine,
+however loaded, where polling the log from outside raced with training.
+
 The 40 updates stay within the first epoch: fairseq freezes an epoch's batches with a seed that
 depends on the epoch the batch iterator was built in, so a run resumed from an end-of-epoch
 checkpoint batches its next epochs differently from one that was never stopped."""
@@ -8,7 +12,7 @@ import os
 import re
 import signal
 import subprocess
-import time
+import sys
 
 import pytest
 
@@ -31,6 +35,29 @@ def _command(data_bin, save_dir, encoding):
             "--seed", "1", "--num-workers", "0"]
 
 
+KILL_AT = 25
+
+# fairseq-train, killed by SIGKILL from inside once its trainer has finished update $KILL_AT_UPDATE
+KILL = """
+import os, signal, sys
+from fairseq_cli.train import cli_main  # first: it sets up fairseq's logging to stdout
+from fairseq.trainer import Trainer
+
+kill_at, train_step = int(os.environ["KILL_AT_UPDATE"]), Trainer.train_step
+
+def train_step_then_kill(self, *args, **kwargs):
+    out = train_step(self, *args, **kwargs)
+    if self.get_num_updates() == kill_at:
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+
+Trainer.train_step = train_step_then_kill
+sys.argv[0] = "fairseq-train"
+cli_main()
+"""
+
+
 def _losses(text):
     """{update: loss} from fairseq's train_inner lines."""
     return {int(m.group(2)): m.group(1) for m in re.finditer(r"train_inner .*? loss=([0-9.]+),.*?num_updates=(\d+),", text)}
@@ -44,23 +71,21 @@ def test_killed_run_resumes_with_the_same_losses(data_bin, tmp_path, encoding):
     assert sorted(expected) == list(range(1, 41))
 
     save_dir = str(tmp_path / "killed")
-    log = tmp_path / "first.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(_command(data_bin, save_dir, encoding), stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.time() + 300
-        while 25 not in _losses(log.read_text()) and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    first = _losses(log.read_text())
-    assert proc.returncode == -signal.SIGKILL and 25 in first and 40 not in first  # killed mid-run
-    saved = [int(n) for n in re.findall(r"Saved checkpoint .*?\(epoch 1 @ (\d+) updates", log.read_text())]
-    assert saved and saved[-1] >= 20  # checkpoints every 10 updates; the kill came after one
+    command = _command(data_bin, save_dir, encoding)
+    killed = subprocess.run([sys.executable, "-c", KILL, *command[1:]], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "KILL_AT_UPDATE": str(KILL_AT)})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    first = _losses(killed.stdout)
+    # killed inside update 25's step, before it was logged: updates 21-25 are lost
+    assert sorted(first) == list(range(1, KILL_AT))
+    assert {u: first[u] for u in first} == {u: expected[u] for u in first}
+    saved = [int(n) for n in re.findall(r"Saved checkpoint .*?\(epoch 1 @ (\d+) updates", killed.stdout)]
+    assert saved == [10, 20]
 
-    resumed = subprocess.run(_command(data_bin, save_dir, encoding), capture_output=True, text=True)
+    resumed = subprocess.run(command, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     second = _losses(resumed.stdout)
-    restart = min(second)  # right after the last checkpoint the killed run saved
-    assert restart == saved[-1] + 1 and re.search(rf"\(epoch 1 @ {saved[-1]} updates\)", resumed.stdout)
-    assert {u: second[u] for u in range(restart, 41)} == {u: expected[u] for u in range(restart, 41)}
+    # from the last checkpoint the killed run saved (update 20), to the end
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch 1 @ 20 updates\)", resumed.stdout + resumed.stderr)
+    assert sorted(second) == list(range(21, 41))
+    assert second == {u: expected[u] for u in range(21, 41)}
