@@ -8,7 +8,14 @@ import torch
 
 from fairseq_posenc import pipeline, toy_data
 
-BLEU_FLOOR = 60.0  # a model that has not learned to reverse scores below 10
+# Floors from what a trained model and an untrained one reach on this test set. Training is
+# seeded, but float rounding differs between CPUs and the model is still learning at 300
+# updates, so the trained values move a lot from one machine (or seed) to the next: measured
+# on 2-core machines of this project's kind, BLEU 77.1 and exact-match 0.530 (seed 1), 61.5
+# and 0.370 (seed 2), exact-match 0.300 (seed 1, another machine); after one update (untrained)
+# BLEU 0.0 and exact-match 0.000. The floors sit at about half and a third of the lowest.
+BLEU_FLOOR = 30.0
+EXACT_MATCH_FLOOR = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -76,4 +83,4 @@ def test_translations_match_the_toy_language(trained):
     pairs = zip(generation.hypotheses, generation.sources)
     exact = sum(hyp.split() == toy_data.translate(src.split()) for hyp, src in pairs) / len(generation.sources)
     print(f"exact-match rate {exact:.3f}")
-    assert exact > 0.3
+    assert exact > EXACT_MATCH_FLOOR
