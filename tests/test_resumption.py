@@ -86,6 +86,7 @@ def test_killed_run_resumes_with_the_same_losses(data_bin, tmp_path, encoding):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     second = _losses(resumed.stdout)
     # from the last checkpoint the killed run saved (update 20), to the end
-    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch 1 @ 20 updates\)", resumed.stdout + resumed.stderr)
+    loaded = r"Loaded checkpoint .*checkpoint_last\.pt \(epoch 1 @ 20 updates\)"
+    assert re.search(loaded, resumed.stdout + resumed.stderr)
     assert sorted(second) == list(range(21, 41))
     assert second == {u: expected[u] for u in range(21, 41)}
