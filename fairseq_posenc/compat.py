@@ -8,6 +8,7 @@ import builtins
 import collections
 import functools
 import os
+import re
 import sys
 import typing
 
@@ -167,6 +168,43 @@ def clear_checkpoint_errors():
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
 
+def _sizes(value, what: str) -> str:
+    """(21, 21) -> "21 source and 21 target TOKENS"; 21 -> "21 TOKENS"."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return f"{int(value[0])} source and {int(value[1])} target {what}"
+    return f"{value} {what}"
+
+
+def clear_size_errors():
+    """A sentence longer than the model takes stopped fairseq-generate (and fairseq-train) with a
+    bare ``Exception`` and its traceback: "Size of sample #2 is invalid (=(np.int32(21),
+    np.int32(21))) since max_positions=(12, 12), skip this example with
+    --skip-invalid-size-inputs-valid-test". It now says the same in one line (:class:`PosencError`)."""
+    from fairseq.tasks import FairseqTask
+
+    original = FairseqTask.filter_indices_by_size
+    if getattr(original, "clear_errors", False):
+        return
+
+    @functools.wraps(original)
+    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        try:
+            return original(self, indices, dataset, max_positions, ignore_invalid_inputs)
+        except Exception as e:
+            found = re.match(r"Size of sample #(\d+) is invalid", str(e))
+            if not found:
+                raise
+            index = int(found.group(1))
+            raise PosencError(
+                f"sentence {index} has {_sizes(dataset.size(index), 'tokens')}, more than the "
+                f"{_sizes(max_positions, 'positions')} the model takes (--max-source-positions, "
+                "--max-target-positions); skip such sentences with --skip-invalid-size-inputs-valid-test"
+            ) from e
+
+    filter_indices_by_size.clear_errors = True
+    FairseqTask.filter_indices_by_size = filter_indices_by_size
+
+
 def apply():
     """Apply every fix; safe to call more than once."""
     global _applied
@@ -177,4 +215,5 @@ def apply():
     ddp_on_cpu()
     short_user_errors()
     clear_checkpoint_errors()
+    clear_size_errors()
     _applied = True

@@ -8,14 +8,19 @@ import torch
 
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
+from fairseq_posenc.positions import POSITION_ENCODINGS
 from toy import TINY, build_model, toy_batch
+
+# the encodings whose tables end at --max-*-positions, from the registry
+TABLE_BOUND = [name for name, scheme in POSITION_ENCODINGS.items() if not scheme.extrapolates]
 
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad_input")
+    # test1: sentences of 20 to 24 words, longer than the 12 positions of the short models below
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (40, 3, 10), "valid": (10, 3, 10),
-                                                              "test": (10, 3, 10)})
+                                                              "test": (10, 3, 10), "test1": (3, 20, 24)})
     return pipeline.preprocess(prefixes, str(root / "bin"))
 
 
@@ -30,17 +35,17 @@ def _train(data_bin, save_dir, *flags):
                 "--max-tokens", "300", "--max-update", "1", "--no-progress-bar", "--num-workers", "0", *flags)
 
 
-def _generate(data_bin, checkpoint):
-    return _run("fairseq-generate", data_bin, "--user-dir", pipeline.USER_DIR, "--path", str(checkpoint), "--cpu")
+def _generate(data_bin, checkpoint, *flags):
+    return _run("fairseq-generate", data_bin, "--user-dir", pipeline.USER_DIR, "--path", str(checkpoint), "--cpu",
+                *flags)
 
 
 def test_unknown_encoding_lists_the_choices(data_bin, tmp_path):
     code, stderr = _train(data_bin, tmp_path / "run", "--position-encoding", "rotary")
     assert code == 2
-    assert stderr[-1] == (
-        "fairseq-train: error: argument --position-encoding: invalid choice: 'rotary' (choose from "
-        "'sinusoidal', 'learned', 'none', 'diet_abs', 'diet_rel', 'shaw', 't5', 'rope', 'alibi', 'floater')"
-    )
+    choices = ", ".join(repr(name) for name in POSITION_ENCODINGS)  # argparse's order: the registry's
+    assert stderr[-1] == (f"fairseq-train: error: argument --position-encoding: invalid choice: 'rotary' "
+                          f"(choose from {choices})")
     assert not (tmp_path / "run").exists()
 
 
@@ -52,13 +57,41 @@ def test_rope_with_an_odd_head_size_stops_at_build_with_one_line(data_bin, tmp_p
     assert not os.path.exists(tmp_path / "run") or os.listdir(tmp_path / "run") == []
 
 
-def test_diet_abs_past_its_maximum_length_names_the_limit_and_the_flag():
-    model = build_model("transformer_posenc", "--position-encoding", "diet_abs", max_positions=16).eval()
+def test_the_table_bound_encodings_are_known():
+    assert {"learned", "diet_abs"} <= set(TABLE_BOUND)
+
+
+@pytest.mark.parametrize("encoding", TABLE_BOUND)
+def test_past_its_maximum_length_a_table_bound_encoding_names_the_limit_and_the_flag(encoding):
+    model = build_model("transformer_posenc", "--position-encoding", encoding, max_positions=16).eval()
+    scheme = type(model.encoder.position_encoding).__name__
     src, lengths, prev = toy_batch(model.encoder.dictionary, [20, 5], tgt_len=4)
     with pytest.raises(PosencError) as error:
         model(src, lengths, prev)
-    assert str(error.value) == ("encoder input of length 20 exceeds the 16 positions this DietAbs was built with "
-                                "(--max-source-positions); it cannot extrapolate past them")
+    assert str(error.value) == (f"encoder input of length 20 exceeds the 16 positions this {scheme} was built "
+                                "with (--max-source-positions); it cannot extrapolate past them")
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5], tgt_len=17)
+    with pytest.raises(PosencError) as error:
+        model(src, lengths, prev)
+    assert str(error.value) == (f"decoder input of length 17 exceeds the 16 positions this {scheme} was built "
+                                "with (--max-target-positions); it cannot extrapolate past them")
+
+
+@pytest.mark.parametrize("encoding", TABLE_BOUND)
+def test_generate_on_sentences_longer_than_the_checkpoint_takes_gets_one_line(data_bin, tmp_path, encoding):
+    # fairseq-generate checks every sentence against the model's positions before decoding; the
+    # encoding's own check (above) is for inputs given in Python
+    code, stderr = _train(data_bin, tmp_path / "run", "--position-encoding", encoding,
+                          "--max-source-positions", "12", "--max-target-positions", "12")
+    assert code == 0, stderr[-5:]
+    checkpoint = tmp_path / "run" / "checkpoint_last.pt"
+    code, stderr = _generate(data_bin, checkpoint, "--gen-subset", "test1")
+    assert code == 1
+    # sentence 2 of test1, the first fairseq checks (it orders them by length): 21 words and </s>
+    assert stderr[-1] == ("fairseq-generate: error: sentence 2 has 22 source and 22 target tokens, more than the "
+                          "12 source and 12 target positions the model takes (--max-source-positions, "
+                          "--max-target-positions); skip such sentences with --skip-invalid-size-inputs-valid-test")
+    assert not any("Traceback" in line for line in stderr)
 
 
 def test_truncated_checkpoint_gets_one_line(data_bin, tmp_path):
