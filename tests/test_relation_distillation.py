@@ -86,7 +86,7 @@ def test_relation_loss_does_not_depend_on_the_students_head_count(setup):
     four.eval(), one.eval()
     crit = criterion(setup)
     a, b = relation_losses(crit, four, setup["sample"]), relation_losses(crit, one, setup["sample"])
-    assert sorted(a) == sorted(b) == ["rel_dec_kk", "rel_dec_qq", "rel_dec_vv", "rel_enc_kk", "rel_enc_qq", "rel_enc_vv"]
+    assert sorted(a) == sorted(b) == [f"rel_{site}_{r}" for site in ("dec", "enc") for r in ("kk", "qq", "vv")]
     for key in a:
         assert a[key] == pytest.approx(b[key], abs=1e-6)
 
@@ -203,7 +203,9 @@ def test_fairseq_train_with_relation_distillation_lowers_the_relation_loss(setup
     values = [float(re.search(r"rel_enc_qq=([0-9.]+)", line).group(1)) for line in inner]
     assert len(values) == 6, log[-2000:]  # every 10 of 60 updates
     print("rel_enc_qq over training:", values)
-    assert values[-1] < 0.7 * values[0]
+    # measured 0.286 over updates 1-10 (the student barely trained), 0.141 over updates 51-60:
+    # a ratio of 0.49; a student that did not learn the relations stays near 1
+    assert values[-1] < 0.8 * values[0]
     assert all(re.search(r"ce_loss=[0-9.]+,", line) for line in inner)
 
 
