@@ -131,6 +131,37 @@ def peak_memory_mb(model, optimizer, data, device):
     return peak / 2**20
 
 
+def floater_solve_times(sizes, lengths, repeats):
+    """Seconds of one FLOATER solve + backward (rk4, step dt / 5) for each named model size (its
+    width, and 3 states per self-attention block) and length: torchdiffeq's odeint through
+    autograd (what FLOATER ran before its own solver) against FLOATER's rk4 with the hand-written
+    backward, round-robin in one run."""
+    from torchdiffeq import odeint
+
+    from fairseq_posenc.positions.floater import FloaterODE
+
+    rows = []
+    for size, length in itertools.product(sizes, lengths):
+        layers, dim = MODEL_SIZES[size][:2]
+        torch.manual_seed(0)
+        ode = FloaterODE(6 * layers, dim, dim, dt=0.1, solver="rk4", step=None, adjoint=False)
+        times = torch.arange(length, dtype=torch.float32) * ode.dt
+
+        def torchdiffeq():
+            odeint(ode.dynamics.float32(), ode.initial, times, method="rk4",
+                   options={"step_size": ode.step}).pow(2).sum().backward()
+
+        def fast():
+            ode._solve(ode.initial, 0, length).pow(2).sum().backward()
+
+        secs = time_round_robin({"torchdiffeq": torchdiffeq, "floater rk4": fast}, repeats, torch.device("cpu"))
+        rows.append({"size": size, "dim": dim, "states": 6 * layers, "positions": length, "seconds": secs})
+        print(f"| FLOATER solve + backward, d={dim}, {6 * layers} states, {length} positions: torchdiffeq "
+              f"{secs['torchdiffeq']:.3f} s, floater rk4 {secs['floater rk4']:.3f} s "
+              f"({ratio(secs['floater rk4'], secs['torchdiffeq'])}x)", flush=True)
+    return rows
+
+
 def ratio(value, reference):
     return round(value / reference, 3) if reference else None
 
@@ -153,13 +184,23 @@ def main(argv=None):
     parser.add_argument("--max-positions", type=int, default=1024)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory measurement")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: torch's)")
+    parser.add_argument("--floater-solve", nargs="*", choices=list(MODEL_SIZES), metavar="SIZE",
+                        help="only time one FLOATER ODE solve + backward at these model sizes (default: medium "
+                             "base) for each of --lengths, torchdiffeq against FLOATER's rk4")
     parser.add_argument("--output", default="benchmark_output/benchmark.json", help="where to write the JSON")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.floater_solve is not None:
+        print(f"| cpu, {torch.get_num_threads()} threads, {args.repeats} repeats", flush=True)
+        rows = floater_solve_times(args.floater_solve or ["medium", "base"], args.lengths, args.repeats)
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        write_text_atomically(args.output, json.dumps({"floater_solve": rows}, indent=2) + "\n")
+        print(f"| wrote {args.output}")
+        return
     if args.quick:
         args.size, args.lengths, args.batch_sizes, args.repeats = "small", [32, 128], [8], 3
         args.decode_sentences, args.decode_length = 8, 16
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if device.type == "cuda" else [])
