@@ -293,6 +293,9 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     png = (out / "bleu_by_length.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "floater" / "floater" / "averaged_last2.pt").exists()
+    # a re-run with the same settings trains and decodes nothing again
+    stdout = ok(run("extrapolation/run.sh", env=env))
+    assert stdout.count("done before, skipping") == 4 and "fairseq-train" not in stdout
 
 
 # ------------------------------------------------------------------------------------------------
@@ -499,3 +502,35 @@ def test_wmt18_pairs_share_one_archive_cache(tmp_path):
     for proc in (first, second):  # the cs-en toy archives have no German members
         assert proc.returncode == 2 and "has no member training/europarl-v7.de-en." in proc.stderr
     assert sorted(os.listdir(tmp_path / "cache")) == sorted(OFFICIAL["wmt18"])
+
+
+def test_extrapolation_dry_run_plans_each_model_with_its_own_defaults_and_a_new_bins_redoes_the_split(
+        prepared, tmp_path):
+    """--dry-run splits and binarizes (the plan counts updates per epoch from the short-pair
+    corpus) and prints each model's plan, training nothing. With ARCH=big sinusoidal averages
+    20 and FLOATER 5: one encoding's defaults must not carry over to the next. A re-run with other
+    BINS redoes the split, leaving no bin file of the old BINS behind."""
+    base, _, _, _ = prepared("wmt14_en_de")
+    out = tmp_path / "extrapolation"
+    env = {k: v for k, v in TRAIN_ENV.items() if k not in ("AVERAGE", "MAX_EPOCH")}
+    env.update({"DATA": str(base / "data"), "OUT": str(out), "ENCODINGS": "sinusoidal floater learned",
+                "ARCH": "big", "MAX_UPDATE": "400", "SAVE_INTERVAL_UPDATES": "5", "TRAIN_BELOW": "12",
+                "BINS": "12 15 18", "UNIT": "words"})
+    stdout = ok(run("extrapolation/run.sh", ["--dry-run"], env=env))
+    plans = re.findall(r"\| averaged: updates ([\d, ]+) \(", stdout)
+    # sinusoidal (big: last 20), FLOATER (its paper: last 5), learned (big again: last 20)
+    assert [len(p.split(", ")) for p in plans] == [20, 5, 20]
+    assert stdout.count("== --dry-run: nothing trained") >= 3 and "== --dry-run: nothing trained, no report" in stdout
+    assert not (out / "sinusoidal").exists() or not any((out / "sinusoidal").glob("*.pt"))
+    assert not (out / "bleu_by_length.md").exists()
+    assert sorted(p.name for p in (out / "split").glob("long.*.en")) == [
+        "long.12-15.en", "long.15-18.en", "long.18-inf.en"]
+
+    stdout = ok(run("extrapolation/run.sh", ["--dry-run"], env={**env, "BINS": "12 20"}))
+    assert re.search(r"== \[split\] .*: redoing \(.*bins", stdout), stdout
+    assert re.search(r"== \[preprocess\] .*: redoing", stdout), stdout
+    assert sorted(p.name for p in (out / "split").glob("long.*.en")) == ["long.12-20.en", "long.20-inf.en"]
+    long_pairs = sum(len(lines(p)) for p in (out / "split").glob("long.*-*.en"))
+    assert len(lines(out / "split" / "long.en")) == long_pairs  # the one test set holds no old bin
+    proc = run("extrapolation/run.sh", ["--pair", "de-en"], env=env)
+    assert proc.returncode == 2 and "--pair: wmt14_en_de has one pair" in proc.stderr

@@ -6,6 +6,7 @@
 # each encoding's BLEU difference from BASELINE (scripts/bleu_by_length.py).
 #
 #   DATA=data/wmt14_en_de ENCODINGS="sinusoidal learned floater" SEEDS="1 2 3" bash recipes/extrapolation/run.sh
+#   ... bash recipes/extrapolation/run.sh --dry-run   # split and binarize, print each model's plan, train nothing
 #
 #   DATA         a prepared corpus (recipes/wmt*/prepare.sh --out DIR)
 #   ENCODINGS    the --position-encoding values to compare (default: sinusoidal learned floater)
@@ -18,13 +19,16 @@
 #   OUT          runs/extrapolation/<recipe> ; writes OUT/bleu_by_length.{md,json,png}
 #   ARCH, LR, MAX_TOKENS, MAX_UPDATE, ... as recipes/wmt14_en_de/train.sh; BEAM (4), LENPEN (0.6)
 #
-# A re-run skips the encodings already trained and decoded (markers in OUT/.done/).
+# A re-run skips the encodings already trained and decoded (markers in OUT/.done/ record each
+# step's settings: changing UNIT, TRAIN_BELOW or BINS redoes the split and every model after it,
+# changing a model's settings redoes that model).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 DATA="${DATA:?set DATA to a corpus prepared by recipes/*/prepare.sh}"
 [ -f "$DATA/corpus.env" ] && [ -d "$DATA/data-bin" ] \
   || die "no prepared corpus in DATA=$DATA ($DATA/corpus.env missing): run a recipes/*/prepare.sh first"
 load_corpus   # SRC, TGT, BPE, RECIPE of the corpus
+parse_run_args "$@"
 ENCODINGS="${ENCODINGS:-sinusoidal learned floater}"
 SEEDS="${SEEDS:-1}"
 N_SEEDS=$(echo "$SEEDS" | wc -w)
@@ -46,6 +50,7 @@ case "$UNIT" in
 esac
 
 _split() {
+  rm -rf "$SPLIT"  # no bin file of an earlier BINS may stay behind to be concatenated below
   # shellcheck disable=SC2086
   "$PYTHON" "$SCRIPTS/length_split.py" --src "$COUNTED.$SRC" --tgt "$COUNTED.$TGT" --src-lang "$SRC" \
     --tgt-lang "$TGT" --out-dir "$SPLIT" --train-below "$TRAIN_BELOW" --bins $BINS --unit "$UNIT"
@@ -86,24 +91,48 @@ _train_and_decode() {
     --lang "$TGT" --bpe "$segmentation" --out "$OUT/generate.long.detok.txt"
 }
 
+# what a model's outputs depend on, for its step marker (flags hashed: a value has no spaces)
+_model_settings() {
+  local flags; flags="$(printf '%s|' "$MODEL_FLAGS" "$EXTRA_FLAGS" "$DEVICE_FLAGS" "$MAX_TOKENS" "$WARMUP" \
+    "$SAVE_INTERVAL_UPDATES" "$UPDATE_FREQ" "$FLOATER_EPOCHS" "$FLOATER_MAX_UPDATE" | md5sum | cut -c1-12)"
+  echo "arch=$ARCH lr=$LR dropout=$DROPOUT max_update=${MAX_UPDATE:--} max_epoch=${MAX_EPOCH:--}" \
+    "average=$AVERAGE beam=$BEAM lenpen=$LENPEN flags=$flags"
+}
+
 mkdir -p "$ROOT_OUT"
 echo "== short-to-long on $DATA ($SRC-$TGT): train below $TRAIN_BELOW $UNIT, bins $BINS; encodings: $ENCODINGS"
-step split "[split] length_split.py -> $SPLIT" _split
+# the split and its binarized corpus are what the plan counts updates per epoch from, so a dry
+# run makes them too (data work, no training)
+STEP_SETTINGS="unit=$UNIT train_below=$TRAIN_BELOW bins=${BINS// /,}" \
+  step split "[split] length_split.py -> $SPLIT" _split
 step preprocess "[preprocess] fairseq-preprocess with the corpus's dictionary -> $ROOT_OUT/data-bin" _preprocess
 generations=() logs=()
 for ENC in $ENCODINGS; do
   files=""
   for SEED in $SEEDS; do
-    if [ "$N_SEEDS" = 1 ]; then OUT="$ROOT_OUT/$ENC" name="model_$ENC"     # one seed: the layout of old runs
-    else OUT="$ROOT_OUT/$ENC/seed$SEED" name="model_${ENC}_seed$SEED"; fi
-    EXTRA_FLAGS="$BASE_EXTRA_FLAGS --seed $SEED"
-    set_training_defaults
-    step "$name" "[$ENC seed $SEED] train, average, decode the long pairs -> $OUT" _train_and_decode
-    files="${files:+$files,}$OUT/generate.long.detok.txt"
-    logs+=("$OUT/generate.long.txt.log")  # fairseq-generate's stderr: its config line has the limit
+    if [ "$N_SEEDS" = 1 ]; then model_out="$ROOT_OUT/$ENC" name="model_$ENC"     # one seed: the layout of old runs
+    else model_out="$ROOT_OUT/$ENC/seed$SEED" name="model_${ENC}_seed$SEED"; fi
+    # one subshell per model: set_training_defaults fills what the user left unset (AVERAGE, LR,
+    # ...) with this encoding's defaults (FLOATER averages 5 where big averages 20), and those
+    # must not carry over to the next encoding
+    (
+      OUT="$model_out" EXTRA_FLAGS="$BASE_EXTRA_FLAGS --seed $SEED"
+      set_training_defaults
+      if [ "$DRY_RUN" = 1 ]; then
+        train_model "$ROOT_OUT/data-bin"
+        average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt" "${LIMIT[@]}"
+        exit 0
+      fi
+      # shellcheck disable=SC2046
+      STEP_AFTER=preprocess STEP_SETTINGS="$(_model_settings)" \
+        step "$name" "[$ENC seed $SEED] train, average, decode the long pairs -> $OUT" _train_and_decode
+    )
+    files="${files:+$files,}$model_out/generate.long.detok.txt"
+    logs+=("$model_out/generate.long.txt.log")  # fairseq-generate's stderr: its config line has the limit
   done
   generations+=("$ENC=$files")
 done
+if [ "$DRY_RUN" = 1 ]; then echo "== --dry-run: nothing trained, no report"; exit 0; fi
 echo "== [report] SacreBLEU, chrF, length ratio per bin of source length ($UNIT) -> $ROOT_OUT/bleu_by_length.{md,json,png}"
 # shellcheck disable=SC2086
 "$PYTHON" "$SCRIPTS/bleu_by_length.py" --generation "${generations[@]}" --seeds $SEEDS ${BASELINE:+--baseline "$BASELINE"} \
