@@ -50,19 +50,23 @@ def _interpolation(times: Tensor, grid: Tensor):
     return steps, slope, times[1:] == t0, times[1:] == t1
 
 
+def _stages(times: Tensor, step: float, b1: Tensor, time1: Tensor, b2: Tensor, time2: Tensor):
+    """The grid, its steps dt (N,), the times of the four evaluations of each step computed as
+    torchdiffeq does (N, 4), and h's time terms for every evaluation at once: (N, 4, hidden) and
+    (N, 4, dim)."""
+    grid = step_grid(times, step)
+    t0, t1 = grid[:-1], grid[1:]
+    dt = t1 - t0
+    stage_times = torch.stack([t0, t0 + dt * (1 / 3), t0 + dt * (2 / 3), t1], dim=1)
+    return grid, dt, stage_times, b1 + stage_times[..., None] * time1, b2 + stage_times[..., None] * time2
+
+
 class _RK4(torch.autograd.Function):
     @staticmethod
     def forward(ctx, times: Tensor, step: float, y0: Tensor, w1: Tensor, b1: Tensor, time1: Tensor,
                 w2: Tensor, b2: Tensor, time2: Tensor) -> Tensor:
         store = any(ctx.needs_input_grad[2:])
-        grid = step_grid(times, step)
-        t0, t1 = grid[:-1], grid[1:]
-        dt = t1 - t0
-        # the times of the four evaluations of each step, computed as torchdiffeq does: (N, 4)
-        stage_times = torch.stack([t0, t0 + dt * (1 / 3), t0 + dt * (2 / 3), t1], dim=1)
-        # h's time terms for every evaluation at once: (N, 4, hidden) and (N, 4, dim)
-        bias1 = b1 + stage_times[..., None] * time1
-        bias2 = b2 + stage_times[..., None] * time2
+        grid, dt, stage_times, bias1, bias2 = _stages(times, step, b1, time1, b2, time2)
         n, (states, dim), hidden = dt.numel(), y0.shape, w1.size(1)
         ys = y0.new_empty(n + 1, states, dim)
         ys[0] = y0
@@ -182,12 +186,7 @@ class _RK4Hidden(torch.autograd.Function):
     def forward(ctx, times: Tensor, step: float, y0: Tensor, w1: Tensor, b1: Tensor, time1: Tensor,
                 w2: Tensor, b2: Tensor, time2: Tensor) -> Tensor:
         store = any(ctx.needs_input_grad[2:])
-        grid = step_grid(times, step)
-        t0, t1 = grid[:-1], grid[1:]
-        dt = t1 - t0
-        stage_times = torch.stack([t0, t0 + dt * (1 / 3), t0 + dt * (2 / 3), t1], dim=1)  # (N, 4)
-        bias1 = b1 + stage_times[..., None] * time1  # (N, 4, hidden)
-        bias2 = b2 + stage_times[..., None] * time2  # (N, 4, dim)
+        grid, dt, stage_times, bias1, bias2 = _stages(times, step, b1, time1, b2, time2)
         n, (states, dim), hidden = dt.numel(), y0.shape, w1.size(1)
         m = w2.mm(w1)  # (hidden, hidden)
         c = bias2.view(-1, dim).mm(w1).view(n, 4, hidden)  # b2(t) W1
