@@ -28,6 +28,7 @@ step() {
     LAST_STEP=$name
     return 0
   fi
+  STEP_REASON=$reason  # for the step's command: "not done yet" (resume a first run) or why it is stale
   if [ "$reason" = "not done yet" ]; then echo "== $desc"; else echo "== $desc: redoing ($reason)"; fi
   local start=$SECONDS
   "$@"
@@ -262,7 +263,8 @@ set_training_defaults() {
   DEVICE="${DEVICE:-auto}"            # cpu: run on the CPU (refused otherwise when no GPU is visible)
   NUM_GPUS="${NUM_GPUS:-auto}"        # the GPUs fairseq will use (auto: what torch sees)
   # precision on a GPU: --fp16 (default), --bf16, --amp, --memory-efficient-fp16, ...
-  if [ "$DEVICE" = cpu ]; then DEVICE_FLAGS="${DEVICE_FLAGS:-}"; else DEVICE_FLAGS="${DEVICE_FLAGS:---fp16}"; fi
+  # (DEVICE_FLAGS="" set but empty: fp32 on the GPU)
+  if [ "$DEVICE" = cpu ]; then DEVICE_FLAGS="${DEVICE_FLAGS:-}"; else DEVICE_FLAGS="${DEVICE_FLAGS---fp16}"; fi
   FLOATER_EPOCHS="${FLOATER_EPOCHS:-10}"  # FLOATER's second stage: 10 epochs for En-De, 1 for En-Fr
   FLOATER_MAX_UPDATE="${FLOATER_MAX_UPDATE:-}"
   OUT="${OUT:-runs/$RECIPE/$ENC-$ARCH}"
@@ -287,6 +289,25 @@ plan_training() {
     --env-out "$plan_env" | sed 's/^/   /' || { rm -f "$plan_env"; exit 2; }
   # shellcheck disable=SC1090
   . "$plan_env" && rm -f "$plan_env"
+  # fairseq-train uses every visible GPU unless told: hold it to the count the plan assumed
+  if [[ "$NUM_GPUS" =~ ^[0-9]+$ ]] && [ "$DEVICE" != cpu ]; then
+    TRAIN_DEVICE_FLAGS="${TRAIN_DEVICE_FLAGS:+$TRAIN_DEVICE_FLAGS }--distributed-world-size $NUM_GPUS"
+  fi
+}
+
+# guard_run_settings DATA_BIN: fairseq-train resumes from OUT's checkpoint_last.pt whatever its
+# flags, so a run into an OUT trained with other settings would silently continue it (or stop at
+# once as finished) and be labelled with the new ones. Refuse that; a larger MAX_UPDATE or
+# MAX_EPOCH is a resumption and allowed.
+guard_run_settings() {
+  local settings="enc=$ENC arch=$ARCH lr=$LR dropout=$DROPOUT warmup=$WARMUP max_tokens=$MAX_TOKENS"
+  settings+=" precision=$DEVICE_FLAGS model_flags=$MODEL_FLAGS extra_flags=$EXTRA_FLAGS"
+  settings+=" data_bin=$(cd "$1" && pwd)"
+  if [ -f "$OUT/run.settings" ] && [ "$(cat "$OUT/run.settings")" != "$settings" ] \
+      && [ -n "$(find "$OUT" -name 'checkpoint*.pt' -print -quit)" ]; then
+    die "OUT=$OUT holds checkpoints of a run with other settings ($(cat "$OUT/run.settings")); fairseq-train would resume it: use another OUT, or delete its checkpoints to start over"
+  fi
+  mkdir -p "$OUT" && printf '%s\n' "$settings" > "$OUT/run.settings"
 }
 
 # train_model DATA_BIN
@@ -303,8 +324,8 @@ train_model() {
     return
   fi
   plan_training "$data_bin"
-  if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained"; return 0; fi
-  mkdir -p "$OUT"
+  if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained (device flags: ${TRAIN_DEVICE_FLAGS:-none})"; return 0; fi
+  guard_run_settings "$data_bin"
   # what evaluate.sh checks the last checkpoint against
   printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$MAX_UPDATE" "$MAX_EPOCH" > "$OUT/train.env"
   echo "== fairseq-train --arch transformer_${ENC}_$SUFFIX: lr $LR, dropout $DROPOUT, max tokens $MAX_TOKENS x $UPDATE_FREQ," \

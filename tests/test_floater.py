@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions import AttentionPositions
 from fairseq_posenc.positions.floater import FloaterODE
 from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, toy_dictionary, with_strong_positions
@@ -43,6 +44,13 @@ def test_cross_attention_is_biased_only_with_the_flag():
     after = full_log_probs(crossed, src, lengths, prev)
     assert (after - before).abs().max() > 1e-2
     torch.testing.assert_close(incremental_log_probs(crossed, src, lengths, prev), after, atol=1e-5, rtol=1e-5)
+
+
+def test_a_checkpoint_that_biased_cross_attention_names_the_override_it_needs():
+    state = floater("--floater-cross-attention").state_dict()
+    with pytest.raises(PosencError, match=r"load it with --model-overrides \"\{'floater_cross_attention': True\}\""):
+        floater().load_state_dict(state)
+    floater("--floater-cross-attention", seed=2).load_state_dict(state)  # with the flag it loads
 
 
 def test_unknown_solver_is_a_clear_error():

@@ -296,6 +296,15 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     # a re-run with the same settings trains and decodes nothing again
     stdout = ok(run("extrapolation/run.sh", env=env))
     assert stdout.count("done before, skipping") == 4 and "fairseq-train" not in stdout
+    # a new lr redoes sinusoidal from update 0 (fairseq-train would otherwise resume the old
+    # model, find it finished and decode it under the new label)
+    old = torch.load(out / "sinusoidal" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    stdout = ok(run("extrapolation/run.sh", env={**env, "ENCODINGS": "sinusoidal", "LR": "4e-3"}))
+    assert "redoing" in stdout and "starting sinusoidal over: removing its old checkpoints" in stdout
+    new = torch.load(out / "sinusoidal" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert old["cfg"]["optimization"]["lr"] == [5e-3] and new["cfg"]["optimization"]["lr"] == [4e-3]
+    train_log = (out / "sinusoidal" / "train.log").read_text()
+    assert "loaded checkpoint" not in train_log and "No existing checkpoint found" in train_log
 
 
 # ------------------------------------------------------------------------------------------------
@@ -407,6 +416,16 @@ def test_train_refuses_the_cpu_unless_asked_and_keeps_the_papers_batch_on_1_and_
         assert "| updates per epoch: 1" in proc.stdout and proc.returncode == 2
         assert "writes 0 checkpoints every 7 updates (4 more fall at an epoch's end)" in proc.stderr
         assert not (tmp_path / "run").exists()
+    # fairseq-train would use every visible GPU: it is held to the count the plan assumed
+    out = ok(run("wmt14_en_de/train.sh", ["--dry-run"], env={
+        **env, "NUM_GPUS": "2", "MAX_TOKENS": "500", "UPDATE_FREQ": "1", "SAVE_INTERVAL_UPDATES": "1",
+        "MAX_EPOCH": "", "MAX_UPDATE": "6", "DEVICE_FLAGS": "--bf16"}))
+    assert "== --dry-run: nothing trained (device flags: --bf16 --distributed-world-size 2)" in out
+    out = ok(run("wmt14_en_de/train.sh", ["--dry-run"], env={
+        **env, "NUM_GPUS": "2", "MAX_TOKENS": "500", "UPDATE_FREQ": "1", "SAVE_INTERVAL_UPDATES": "1",
+        "MAX_EPOCH": "", "MAX_UPDATE": "6", "DEVICE_FLAGS": ""}))  # set but empty: fp32, not fp16
+    assert "| device: 2 GPU(s) (fp32); decoding on 1 GPU (fp32)" in out
+    assert "== --dry-run: nothing trained (device flags: --distributed-world-size 2)" in out
 
 
 def test_en_fr_like_run_of_2_6_epochs_averages_interval_checkpoints(prepared, tmp_path):
@@ -534,3 +553,17 @@ def test_extrapolation_dry_run_plans_each_model_with_its_own_defaults_and_a_new_
     assert len(lines(out / "split" / "long.en")) == long_pairs  # the one test set holds no old bin
     proc = run("extrapolation/run.sh", ["--pair", "de-en"], env=env)
     assert proc.returncode == 2 and "--pair: wmt14_en_de has one pair" in proc.stderr
+
+
+def test_train_into_an_out_of_other_settings_is_refused(prepared, tmp_path):
+    """fairseq-train resumes from OUT's checkpoint_last.pt whatever its flags: a second run with
+    another lr into the same OUT would continue (or end) the first and carry its label."""
+    data = prepared("wmt14_en_de")[0] / "data"
+    env = {**TRAIN_ENV, "DATA": str(data), "OUT": str(tmp_path / "run"), "MAX_EPOCH": "", "MAX_UPDATE": "4",
+           "SAVE_INTERVAL_UPDATES": "2"}
+    ok(run("wmt14_en_de/train.sh", env=env))
+    ok(run("wmt14_en_de/train.sh", env={**env, "MAX_UPDATE": "6"}))  # training longer resumes
+    proc = run("wmt14_en_de/train.sh", env={**env, "MAX_UPDATE": "6", "LR": "1e-3"})
+    assert proc.returncode == 2
+    assert f"OUT={tmp_path / 'run'} holds checkpoints of a run with other settings (enc=sinusoidal arch=base lr=5e-3" \
+        in proc.stderr and "use another OUT, or delete its checkpoints to start over" in proc.stderr

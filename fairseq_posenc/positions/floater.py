@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from ..compat import PosencError
 from .base import MIN_TABLE, PositionEncoding, at_least_float32
 
 FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
@@ -317,6 +318,18 @@ class FloaterPositionEncoding(PositionEncoding):
             warm_start(model, args.floater_init_from)
             # the warm start is done: a checkpoint of this model must not redo it when reloaded
             args.floater_init_from = None
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        stored = state_dict.get(prefix + "ode.initial")
+        if self.side == "encoder" and stored is not None and stored.size(0) != self.ode.initial.size(0):
+            crossed = 3 * (self.encoder_layers + self.decoder_layers) + 2 * self.decoder_layers
+            if stored.size(0) == crossed and not self.cross_attention:
+                # checkpoints of before --floater-cross-attention biased encoder-decoder attention too
+                raise PosencError(
+                    "this FLOATER checkpoint also biases encoder-decoder attention (5 states per decoder "
+                    "layer, the default before --floater-cross-attention existed): load it with "
+                    "--model-overrides \"{'floater_cross_attention': True}\"")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def tie(self, encoder_scheme):
         if self.side == "decoder":

@@ -54,7 +54,7 @@ _split() {
   # shellcheck disable=SC2086
   "$PYTHON" "$SCRIPTS/length_split.py" --src "$COUNTED.$SRC" --tgt "$COUNTED.$TGT" --src-lang "$SRC" \
     --tgt-lang "$TGT" --out-dir "$SPLIT" --train-below "$TRAIN_BELOW" --bins $BINS --unit "$UNIT"
-  for l in "$SRC" "$TGT"; do  # one test set of every long pair, in bin order
+  for l in "$SRC" "$TGT"; do  # one test set of every long pair (sorted by name; the report bins by length)
     cat "$SPLIT"/long.*."$l" > "$SPLIT/long.$l"
   done
   if [ "$UNIT" = words ]; then
@@ -79,6 +79,12 @@ _preprocess() {
 # ones: 1.5x + 50 (given after it, so it wins) leaves room for a model that runs on.
 LIMIT=(--max-len-a 1.5 --max-len-b 50)
 _train_and_decode() {
+  if [ "$STEP_REASON" != "not done yet" ]; then
+    # stale (new settings, or a new split): fairseq-train would resume the old model
+    echo "   starting $ENC over: removing its old checkpoints in $OUT"
+    find "$OUT" -name 'checkpoint*.pt' -delete 2>/dev/null || true
+    rm -f "$OUT/run.settings"
+  fi
   train_model "$ROOT_OUT/data-bin"
   if [ "$UNIT" = words ]; then
     average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt" "${LIMIT[@]}" "$(remove_bpe_flag)"

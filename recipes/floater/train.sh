@@ -27,7 +27,7 @@ HALF_LR=$("$PYTHON" -c "print(float('$LR') / 2)")
 echo "== FLOATER protocol ($ARCH): vanilla at lr $LR, FLOATER at lr $HALF_LR, dropout $DROPOUT -> $OUT"
 plan_training "$DATA_BIN"
 if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained"; exit 0; fi
-mkdir -p "$OUT"
+guard_run_settings "$DATA_BIN"
 printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" > "$OUT/train.env"
 
 common=(--user-dir "$USER_DIR" --share-all-embeddings
