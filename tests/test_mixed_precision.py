@@ -135,3 +135,26 @@ def test_floaters_ode_is_solved_in_float32_in_a_bfloat16_model():
     error = (in_bf16.float() - exact[:150]).abs().max().item()
     neighbours = (exact[1:150] - exact[:149]).abs().mean().item()
     assert error > 3 * neighbours
+
+
+@pytest.mark.parametrize("solver, adjoint", [("midpoint", False), ("dopri5", False), ("rk4", True)])
+def test_torchdiffeqs_solvers_stay_in_float32_under_autocast(solver, adjoint):
+    """The solvers other than FLOATER's own rk4 (and rk4 with --floater-adjoint) run on
+    torchdiffeq, whose steps call h inside the model's forward: under bf16 autocast (--bf16,
+    --amp) h's matmuls would drop to bfloat16 (measured here: the solution off by 0.01 in 5.5)."""
+    torch.manual_seed(0)
+    ode = FloaterODE(num_states=3, dim=8, hidden=8, dt=0.1, solver=solver, step=None, adjoint=adjoint)
+    with torch.no_grad():
+        ode.initial.normal_(std=0.5)
+    results = []
+    for autocast in (False, True):
+        ode.zero_grad()
+        ode.new_forward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            solution = ode.positions(60)
+        solution.pow(2).sum().backward()  # outside autocast, as fairseq's trainer does
+        results.append((solution.detach(), {name: p.grad.clone() for name, p in ode.named_parameters()}))
+    (exact, exact_grads), (got, got_grads) = results
+    assert got.dtype == torch.float32 and torch.equal(got, exact)
+    for name, grad in exact_grads.items():
+        assert torch.equal(got_grads[name], grad), name

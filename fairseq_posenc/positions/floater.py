@@ -93,9 +93,12 @@ class Float32Field:
 
     def __call__(self, t: Tensor, p: Tensor) -> Tensor:
         w1, b1, time1, w2, b2, time2 = self.weights
-        t = t.to(p.dtype)
-        hidden = torch.relu(torch.addmm(b1 + t * time1, p, w1))
-        return torch.addmm(b2 + t * time2, hidden, w2)
+        # under --amp/--bf16 autocast would run addmm in half precision (torchdiffeq's solvers,
+        # the adjoint's backward solve included, call this inside the model's forward)
+        with torch.autocast(device_type=p.device.type, enabled=False):
+            t = t.to(p.dtype)
+            hidden = torch.relu(torch.addmm(b1 + t * time1, p, w1))
+            return torch.addmm(b2 + t * time2, hidden, w2)
 
 
 class _Update:
