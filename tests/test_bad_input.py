@@ -92,6 +92,14 @@ def test_generate_on_sentences_longer_than_the_checkpoint_takes_gets_one_line(da
                           "12 source and 12 target positions the model takes (--max-source-positions, "
                           "--max-target-positions); skip such sentences with --skip-invalid-size-inputs-valid-test")
     assert not any("Traceback" in line for line in stderr)
+    # raising the positions when loading, as the extrapolating encodings allow, cannot grow the table
+    code, stderr = _generate(data_bin, checkpoint, "--gen-subset", "test1", "--model-overrides",
+                             "{'max_source_positions': 64, 'max_target_positions': 64}")
+    assert code == 1 and not any("Traceback" in line for line in stderr)
+    scheme = POSITION_ENCODINGS[encoding].__name__
+    assert stderr[-1].startswith("fairseq-generate: error: encoder.")
+    assert stderr[-1].endswith(f"{scheme} cannot extrapolate, its table ends at the --max-source-positions it "
+                               "was trained with; do not raise that with --model-overrides")
 
 
 def test_truncated_checkpoint_gets_one_line(data_bin, tmp_path):

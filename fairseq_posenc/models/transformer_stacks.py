@@ -7,6 +7,7 @@ from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
+from ..compat import PosencError
 from ..modules import PosencDecoderLayer, PosencEncoderLayer, PositionalAttention
 from ..positions import get_position_encoding
 from ..positions.segments import SegmentBias
@@ -27,6 +28,24 @@ def _head_dim(cfg, layers_cfg):
 def _build_position_encoding(cfg, side, layers_cfg):
     scheme = get_position_encoding(cfg.position_encoding)
     return scheme(cfg, side, layers_cfg.layers, layers_cfg.attention_heads, _head_dim(cfg, layers_cfg))
+
+
+def _check_table_sizes(stack, state_dict, name: str, flag: str):
+    """A table-bound encoding cannot be loaded with more positions than it was trained with
+    (``--model-overrides`` raising --max-*-positions, as the extrapolating ones allow): one line
+    instead of torch's size-mismatch traceback."""
+    scheme = stack.position_encoding
+    if scheme.extrapolates:
+        return
+    own = {f"{name}.{key}": tensor for key, tensor in stack.state_dict().items()
+           if key.startswith(("embed_positions.", "position_encoding."))}
+    for key, tensor in own.items():
+        stored = state_dict.get(key)
+        if stored is not None and stored.shape != tensor.shape:
+            raise PosencError(
+                f"{key} holds {tuple(stored.shape)} where this model has {tuple(tensor.shape)}: "
+                f"{type(scheme).__name__} cannot extrapolate, its table ends at the {flag} it was trained "
+                f"with; do not raise that with --model-overrides")
 
 
 def _attach(layers, terms, cross_terms=()):
@@ -55,6 +74,10 @@ class PosencTransformerEncoder(TransformerEncoderBase):
         self.position_terms = tuple(terms)
         _attach(self.layers, self.position_terms)
 
+    def upgrade_state_dict_named(self, state_dict, name):
+        _check_table_sizes(self, state_dict, name, "--max-source-positions")
+        return super().upgrade_state_dict_named(state_dict, name)
+
     def build_encoder_layer(self, cfg):
         return _wrap_layer(PosencEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
@@ -69,6 +92,10 @@ class PosencTransformerDecoder(TransformerDecoderBase):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.position_encoding = _build_position_encoding(cfg, "decoder", cfg.decoder)
         _attach(self.layers, (self.position_encoding,), (self.position_encoding,))
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        _check_table_sizes(self, state_dict, name, "--max-target-positions")
+        return super().upgrade_state_dict_named(state_dict, name)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap_layer(PosencDecoderLayer(cfg, no_encoder_attn), cfg)
