@@ -30,7 +30,7 @@ def _build_position_encoding(cfg, side, layers_cfg):
     return scheme(cfg, side, layers_cfg.layers, layers_cfg.attention_heads, _head_dim(cfg, layers_cfg))
 
 
-def _check_table_sizes(stack, state_dict, name: str, flag: str):
+def _check_table_sizes(stack, state_dict, name: str):
     """A table-bound encoding cannot be loaded with more positions than it was trained with
     (``--model-overrides`` raising --max-*-positions, as the extrapolating ones allow): one line
     instead of torch's size-mismatch traceback."""
@@ -44,8 +44,8 @@ def _check_table_sizes(stack, state_dict, name: str, flag: str):
         if stored is not None and stored.shape != tensor.shape:
             raise PosencError(
                 f"{key} holds {tuple(stored.shape)} where this model has {tuple(tensor.shape)}: "
-                f"{type(scheme).__name__} cannot extrapolate, its table ends at the {flag} it was trained "
-                f"with; do not raise that with --model-overrides")
+                f"{type(scheme).__name__} cannot extrapolate, its table ends at the {scheme.length_flag} it "
+                f"was trained with; do not raise that with --model-overrides")
 
 
 def _attach(layers, terms, cross_terms=()):
@@ -75,7 +75,7 @@ class PosencTransformerEncoder(TransformerEncoderBase):
         _attach(self.layers, self.position_terms)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        _check_table_sizes(self, state_dict, name, "--max-source-positions")
+        _check_table_sizes(self, state_dict, name)
         return super().upgrade_state_dict_named(state_dict, name)
 
     def build_encoder_layer(self, cfg):
@@ -94,7 +94,7 @@ class PosencTransformerDecoder(TransformerDecoderBase):
         _attach(self.layers, (self.position_encoding,), (self.position_encoding,))
 
     def upgrade_state_dict_named(self, state_dict, name):
-        _check_table_sizes(self, state_dict, name, "--max-target-positions")
+        _check_table_sizes(self, state_dict, name)
         return super().upgrade_state_dict_named(state_dict, name)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
