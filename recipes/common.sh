@@ -299,10 +299,13 @@ plan_training() {
 # flags, so a run into an OUT trained with other settings would silently continue it (or stop at
 # once as finished) and be labelled with the new ones. Refuse that; a larger MAX_UPDATE or
 # MAX_EPOCH is a resumption and allowed.
+run_settings() {  # DATA_BIN: what a trained model depends on, besides how long it trains
+  echo "enc=$ENC arch=$ARCH lr=$LR dropout=$DROPOUT warmup=$WARMUP max_tokens=$MAX_TOKENS" \
+    "precision=$DEVICE_FLAGS model_flags=$MODEL_FLAGS extra_flags=$EXTRA_FLAGS data_bin=$(cd "$1" && pwd)"
+}
+
 guard_run_settings() {
-  local settings="enc=$ENC arch=$ARCH lr=$LR dropout=$DROPOUT warmup=$WARMUP max_tokens=$MAX_TOKENS"
-  settings+=" precision=$DEVICE_FLAGS model_flags=$MODEL_FLAGS extra_flags=$EXTRA_FLAGS"
-  settings+=" data_bin=$(cd "$1" && pwd)"
+  local settings; settings="$(run_settings "$1")"
   if [ -f "$OUT/run.settings" ] && [ "$(cat "$OUT/run.settings")" != "$settings" ] \
       && [ -n "$(find "$OUT" -name 'checkpoint*.pt' -print -quit)" ]; then
     die "OUT=$OUT holds checkpoints of a run with other settings ($(cat "$OUT/run.settings")); fairseq-train would resume it: use another OUT, or delete its checkpoints to start over"

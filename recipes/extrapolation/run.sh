@@ -98,11 +98,12 @@ _train_and_decode() {
 }
 
 # what a model's outputs depend on, for its step marker (flags hashed: a value has no spaces)
+# (common.sh's run_settings, hashed, plus how long it trains, what is averaged and how it decodes)
 _model_settings() {
-  local flags; flags="$(printf '%s|' "$MODEL_FLAGS" "$EXTRA_FLAGS" "$DEVICE_FLAGS" "$MAX_TOKENS" "$WARMUP" \
-    "$SAVE_INTERVAL_UPDATES" "$UPDATE_FREQ" "$FLOATER_EPOCHS" "$FLOATER_MAX_UPDATE" | md5sum | cut -c1-12)"
-  echo "arch=$ARCH lr=$LR dropout=$DROPOUT max_update=${MAX_UPDATE:--} max_epoch=${MAX_EPOCH:--}" \
-    "average=$AVERAGE beam=$BEAM lenpen=$LENPEN flags=$flags"
+  local run; run="$(run_settings "$ROOT_OUT/data-bin" | md5sum | cut -c1-12)"
+  echo "arch=$ARCH lr=$LR run=$run max_update=${MAX_UPDATE:--} max_epoch=${MAX_EPOCH:--} average=$AVERAGE" \
+    "save_interval=$SAVE_INTERVAL_UPDATES update_freq=$UPDATE_FREQ floater_epochs=$FLOATER_EPOCHS" \
+    "floater_max_update=${FLOATER_MAX_UPDATE:--} beam=$BEAM lenpen=$LENPEN"
 }
 
 mkdir -p "$ROOT_OUT"
