@@ -113,6 +113,35 @@ def test_decoding_builds_position_tables_once_not_every_step():
     assert len(dec_calls) == 2
 
 
+def test_positions_are_built_once_per_forward_and_follow_the_padding_mask():
+    scheme = DietRel(cfg(), "encoder", 2, 2, 4)
+    scheme.begin_forward(torch.zeros(2, 5, dtype=torch.long))
+    pads = torch.tensor([[True, False, False, False, False], [False] * 5])
+    first = scheme.positions("self", 5, 5, pads, "cpu")
+    assert scheme.positions("self", 5, 5, pads, "cpu") is first and first.padded
+    assert torch.equal(first.k, torch.tensor([[0, 0, 1, 2, 3], [0, 1, 2, 3, 4]]))
+    # another mask of the same shape, as a later call without begin_forward could bring
+    other = scheme.positions("self", 5, 5, torch.zeros(2, 5, dtype=torch.bool), "cpu")
+    assert not other.padded
+    assert scheme.positions("cross", 5, 5, pads, "cpu") is not first
+
+
+@pytest.mark.parametrize("scheme", ["diet_rel", "t5", "alibi"])
+def test_a_decoding_step_bias_is_the_last_row_of_the_full_bias(scheme):
+    from fairseq_posenc.positions import POSITION_ENCODINGS
+
+    terms = POSITION_ENCODINGS[scheme](
+        argparse.Namespace(**vars(cfg()), t5_num_buckets=8, t5_max_distance=16), "decoder", 1, 2, 4)
+    with torch.no_grad():
+        for n in (1, 7, 40):
+            terms.begin_forward(torch.zeros(1, n, dtype=torch.long))
+            full = terms.attention_bias(0, None, frame(n))
+            terms.begin_forward(torch.zeros(1, 1, dtype=torch.long))
+            step = terms.attention_bias(0, None, AttentionPositions.build(1, n, None, "cpu"))
+            assert step.shape == (1, 2, 1, n)
+            assert torch.equal(step, full[:, :, -1:])
+
+
 def test_diet_abs_table_shared_across_layers_is_computed_once(monkeypatch):
     model = build_model("transformer_posenc", "--position-encoding", "diet_abs").train()
     einsums = []

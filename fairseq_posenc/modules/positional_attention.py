@@ -213,13 +213,13 @@ class PositionalAttention(MultiheadAttention):
                    saved_state: Optional[Dict[str, Optional[Tensor]]]) -> AttentionPositions:
         """Positions of this call. Self-attention: the queries are the newest of the keys (the
         decoder's cache holds the earlier ones). Cross-attention: the encoder's tokens."""
+        device, scheme = self.q_proj.weight.device, self.position_terms[0]
         if self.self_attention:
             cached = saved_state["prev_key"].size(2) if saved_state and "prev_key" in saved_state else 0
             src_len = cached + tgt_len
             mask = key_padding_mask if key_padding_mask is not None and key_padding_mask.size(1) == src_len else None
-            return AttentionPositions.build(tgt_len, src_len, mask, self.q_proj.weight.device)
-        return AttentionPositions.build(new_keys, new_keys, key_padding_mask if new_keys else None,
-                                        self.q_proj.weight.device)
+            return scheme.positions("self", tgt_len, src_len, mask, device)
+        return scheme.positions("cross", new_keys, new_keys, key_padding_mask if new_keys else None, device)
 
     def _update_cache(
         self,

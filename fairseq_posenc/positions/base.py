@@ -184,10 +184,24 @@ class PositionEncoding(nn.Module):
             table = self.table(name, pos.k_frame.numel(),
                                lambda n: per_offset(torch.arange(-(n - 1), n, device=device)))
             centre = (table.size(1) - 1) // 2
+            offset, t, s = pos.key
+            if t == 1:
+                # a decoding step: its offsets -(S - 1) .. 0 are a slice of the table, a view
+                return table[:, centre - offset:centre - offset + s].unsqueeze(0).unsqueeze(2)
             # (T, S) offsets -> (H, T, S)
             return table[:, pos.k_frame[None, :] - pos.q_frame[:, None] + centre].unsqueeze(0)
 
         return self.shared((name,) + pos.key, build)
+
+    def positions(self, role: str, tgt_len: int, src_len: int, key_padding_mask: Optional[Tensor],
+                  device) -> AttentionPositions:
+        """:meth:`AttentionPositions.build`, once per forward for all layers: they see the same
+        lengths and the same padding mask. The cache keeps the mask itself, so that its id
+        cannot name another mask while the entry lives."""
+        def build():
+            return key_padding_mask, AttentionPositions.build(tgt_len, src_len, key_padding_mask, device)
+
+        return self.shared(("positions", role, tgt_len, src_len, id(key_padding_mask)), build)[1]
 
     def check_length(self, length: int, limit: int, flag: str):
         if length > limit:

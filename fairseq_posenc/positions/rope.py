@@ -46,11 +46,14 @@ class RotaryPositionEncoding(PositionEncoding):
         if role != "self":
             return q, k, v
 
-        # (2, n, D) cos and sin, in float32 whatever the model's dtype
-        table = self.table("rope", pos.k_frame.numel(), lambda n: torch.stack(_cos_sin(
-            rope_angles(torch.arange(n, device=q.device), self.head_dim, self.theta))))
-        # the new tokens are the queries: (B or 1, T, D) -> (B or 1, 1, T, D)
-        cos, sin = table[:, pos.q].unsqueeze(2).unbind(0)
+        def rows():
+            # (2, n, D) cos and sin, in float32 whatever the model's dtype
+            table = self.table("rope", pos.k_frame.numel(), lambda n: torch.stack(_cos_sin(
+                rope_angles(torch.arange(n, device=q.device), self.head_dim, self.theta))))
+            # the new tokens are the queries: (B or 1, T, D) -> (B or 1, 1, T, D)
+            return table[:, pos.q].unsqueeze(2)
+
+        cos, sin = self.shared(("rope", pos.padded) + pos.key, rows).unbind(0)
 
         def rotate(x):
             x32 = x.float()
