@@ -1,5 +1,6 @@
-"""Shaw's skewed key and value terms equal the equations written out with an index per (query,
-key) pair, values and gradients, wherever the queries sit among the keys."""
+"""Shaw's key and value terms (a gather and a scatter over 2k + 1 offsets) equal the equations
+written out with a table entry per (query, key) pair, values and gradients, wherever the queries
+sit among the keys."""
 import argparse
 
 import pytest
@@ -51,7 +52,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("t, s, k, left_pads", CASES)
-def test_skewed_terms_equal_the_indexed_equations_and_their_gradients(t, s, k, left_pads):
+def test_terms_equal_the_equations_per_pair_and_their_gradients(t, s, k, left_pads):
     torch.manual_seed(t * 100 + s)
     scheme = shaw(k)
     pos = positions(t, s, left_pads)
