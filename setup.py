@@ -1,4 +1,30 @@
+import sys
+
 from setuptools import find_packages, setup
+
+
+def floater_extension():
+    """FLOATER's rk4 step loops in C++ (fairseq_posenc/csrc), built where torch and a C++ compiler
+    are found; without them FLOATER runs the same loops in Python (floater_solver.py)."""
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        print("fairseq-posenc: torch is not importable at build time; FLOATER's C++ rk4 loops are "
+              "not built (the Python loops are used)", file=sys.stderr)
+        return {}
+
+    class OptionalBuild(BuildExtension):
+        def run(self):
+            try:
+                super().run()
+            except Exception as error:  # a missing or failing compiler must not stop the install
+                print(f"fairseq-posenc: FLOATER's C++ rk4 loops were not built ({error}); the Python "
+                      "loops are used", file=sys.stderr)
+
+    ext = CppExtension("fairseq_posenc._floater_rk4", ["fairseq_posenc/csrc/floater_rk4.cpp"],
+                       extra_compile_args=["-O3", "-g0"])
+    return {"ext_modules": [ext], "cmdclass": {"build_ext": OptionalBuild.with_options(use_ninja=False)}}
+
 
 setup(
     name="fairseq-posenc",
@@ -10,4 +36,5 @@ setup(
     # Exact pins live in requirements*.txt and are installed by `make install`; these are the
     # import-time needs, left unpinned so that installing the plugin never replaces torch.
     install_requires=["torch", "sacrebleu", "sentencepiece", "torchdiffeq", "subword-nmt", "sacremoses"],
+    **floater_extension(),
 )

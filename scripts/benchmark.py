@@ -135,9 +135,11 @@ def floater_solve_times(sizes, lengths, repeats):
     """Seconds of one FLOATER solve + backward (rk4, step dt / 5) for each named model size (its
     width, and 3 states per self-attention block) and length: torchdiffeq's odeint through
     autograd (what FLOATER ran before its own solver) against FLOATER's rk4 with the hand-written
-    backward, round-robin in one run."""
+    backward, its step loops in Python and (where `make install` built them) in C++, round-robin
+    in one run."""
     from torchdiffeq import odeint
 
+    from fairseq_posenc.positions import floater_solver
     from fairseq_posenc.positions.floater import FloaterODE
 
     rows = []
@@ -151,14 +153,22 @@ def floater_solve_times(sizes, lengths, repeats):
             odeint(ode.dynamics.float32(), ode.initial, times, method="rk4",
                    options={"step_size": ode.step}).pow(2).sum().backward()
 
-        def fast():
-            ode._solve(ode.initial, 0, length).pow(2).sum().backward()
+        def fast(compiled):
+            def run():
+                floater_solver.USE_COMPILED = compiled
+                try:
+                    ode._solve(ode.initial, 0, length).pow(2).sum().backward()
+                finally:
+                    floater_solver.USE_COMPILED = True
+            return run
 
-        secs = time_round_robin({"torchdiffeq": torchdiffeq, "floater rk4": fast}, repeats, torch.device("cpu"))
+        fns = {"torchdiffeq": torchdiffeq, "python loops": fast(False)}
+        if floater_solver.compiled_loops(ode.initial) is not None:
+            fns["C++ loops"] = fast(True)
+        secs = time_round_robin(fns, repeats, torch.device("cpu"))
         rows.append({"size": size, "dim": dim, "states": 6 * layers, "positions": length, "seconds": secs})
-        print(f"| FLOATER solve + backward, d={dim}, {6 * layers} states, {length} positions: torchdiffeq "
-              f"{secs['torchdiffeq']:.3f} s, floater rk4 {secs['floater rk4']:.3f} s "
-              f"({ratio(secs['floater rk4'], secs['torchdiffeq'])}x)", flush=True)
+        print(f"| FLOATER solve + backward, d={dim}, {6 * layers} states, {length} positions: " + ", ".join(
+            f"{name} {s:.3f} s ({ratio(s, secs['torchdiffeq'])}x)" for name, s in secs.items()), flush=True)
     return rows
 
 
@@ -186,7 +196,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: torch's)")
     parser.add_argument("--floater-solve", nargs="*", choices=list(MODEL_SIZES), metavar="SIZE",
                         help="only time one FLOATER ODE solve + backward at these model sizes (default: medium "
-                             "base) for each of --lengths, torchdiffeq against FLOATER's rk4")
+                             "base) for each of --lengths: torchdiffeq against FLOATER's rk4, its loops in "
+                             "Python and in C++")
     parser.add_argument("--output", default="benchmark_output/benchmark.json", help="where to write the JSON")
     args = parser.parse_args(argv)
     if args.threads:

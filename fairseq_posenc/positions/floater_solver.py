@@ -30,6 +30,21 @@ from torch import Tensor
 #: steps whose weight gradients are gathered into one matmul (bounds the backward's buffers)
 CHUNK = 64
 
+try:  # the step loops in C++, built by `make install` (setup.py) where a C++ compiler is found
+    from .. import _floater_rk4
+except ImportError:
+    _floater_rk4 = None
+
+#: False runs the Python loops even where the C++ ones are built (tests compare the two)
+USE_COMPILED = True
+
+
+def compiled_loops(like: Tensor):
+    """The C++ step loops for tensors like ``like``, or None: they run float32 on the CPU."""
+    if USE_COMPILED and _floater_rk4 is not None and like.device.type == "cpu" and like.dtype == torch.float32:
+        return _floater_rk4
+    return None
+
 
 def step_grid(times: Tensor, step: float) -> Tensor:
     """torchdiffeq's grid for a fixed step (``_grid_constructor_from_step_size``), op for op."""
@@ -195,7 +210,10 @@ class _RK4Hidden(torch.autograd.Function):
         rs = y0.new_empty(n if store else 1, 4, states, hidden)
         # the steps' weighted sums of relu(p), whose running total times W2 moves y
         rho = y0.new_empty(n, states, hidden)
-        for i, h in enumerate(dt.tolist()):
+        loops = compiled_loops(u)
+        if loops is not None:
+            loops.forward_steps(u.contiguous(), bias1.contiguous(), c.contiguous(), m.contiguous(), dt.tolist(), rs, rho)
+        for i, h in enumerate(dt.tolist() if loops is None else ()):
             r = rs[i if store else 0]
             torch.add(u, bias1[i, 0], out=r[0]).relu_()
             q1 = torch.addmm(c[i, 0], r[0], m)
@@ -210,7 +228,7 @@ class _RK4Hidden(torch.autograd.Function):
         weights = dt[:, None] * dt.new_tensor(_WEIGHTS)  # (N, 4)
         beta = (weights[..., None] * bias2).sum(1)  # (N, dim): the b2 terms of each step
         zero = y0.new_zeros(1, states, hidden)
-        totals = torch.cat([zero, rho.cumsum(0)])  # (N + 1, states, hidden)
+        totals = torch.cat([zero, rho.cumsum(0) if loops is None else loops.running_sums(rho, False)])  # (N + 1, states, hidden)
         beta_totals = torch.cat([beta.new_zeros(1, dim), beta.cumsum(0)])  # (N + 1, dim)
 
         steps, slope, at_start, at_end = _interpolation(times, grid)
@@ -240,7 +258,8 @@ class _RK4Hidden(torch.autograd.Function):
         grad_ys.index_add_(0, steps + 1, g * w_end[:, None, None])
         # y_j = y0 + (rho_0 + ... + rho_{j-1}) W2 + (beta_0 + ... + beta_{j-1}): step i's sums reach
         # every y after it
-        later = grad_ys.flip(0).cumsum(0).flip(0)[1:]  # (N, states, dim)
+        loops = compiled_loops(grad_ys)
+        later = (grad_ys.flip(0).cumsum(0).flip(0) if loops is None else loops.running_sums(grad_ys, True))[1:]
         grad_y0 = grad_ys.sum(0)
         grad_w2 = rho.reshape(-1, hidden).t().mm(later.reshape(-1, dim))
         grad_rho = later.matmul(w2.t())  # (N, states, hidden)
@@ -256,7 +275,10 @@ class _RK4Hidden(torch.autograd.Function):
 
         adjoint = rs.new_zeros(states, hidden)  # on u after the last step: u is not an output
         dts = dt.tolist()
-        for i in range(n - 1, -1, -1):
+        if loops is not None:
+            adjoint = loops.backward_steps(rs, grad_rho.contiguous(), m.contiguous(), dts, chunk, grad_m, grad_c,
+                                           grad_b1_t)
+        for i in range(n - 1, -1, -1) if loops is None else ():
             k, h = i % chunk, dts[i]
             gq, gp, r, g_rho = g_q[k], g_p[k], rs[i], grad_rho[i]
 
