@@ -17,8 +17,10 @@ autograd's graph of thousands of nodes costs more than the solve. Here:
   evaluation), and h's weight gradients come from one large matmul per chunk of steps rather
   than small ones per evaluation.
 
-Measured on 2 CPU cores, one thread, one solve + backward for 64 / 128 positions
-(``scripts/benchmark.py --floater-solve``): see the README's FLOATER section.
+The hidden-space loops also exist in C++ (``fairseq_posenc/csrc/floater_rk4.cpp``, built by
+``make install``; :func:`compiled_loops`), the same operations without Python's cost per
+operation; everything around the loops stays here. Timings of torchdiffeq, the Python loops and
+the C++ loops (``scripts/benchmark.py --floater-solve``): the README's FLOATER section.
 
 h(t, z) = relu(z W1 + b1 + t time1) W2 + b2 + t time2 (:class:`~.floater.Float32Field`).
 """
@@ -228,7 +230,8 @@ class _RK4Hidden(torch.autograd.Function):
         weights = dt[:, None] * dt.new_tensor(_WEIGHTS)  # (N, 4)
         beta = (weights[..., None] * bias2).sum(1)  # (N, dim): the b2 terms of each step
         zero = y0.new_zeros(1, states, hidden)
-        totals = torch.cat([zero, rho.cumsum(0) if loops is None else loops.running_sums(rho, False)])  # (N + 1, states, hidden)
+        running = rho.cumsum(0) if loops is None else loops.running_sums(rho, False)
+        totals = torch.cat([zero, running])  # (N + 1, states, hidden)
         beta_totals = torch.cat([beta.new_zeros(1, dim), beta.cumsum(0)])  # (N + 1, dim)
 
         steps, slope, at_start, at_end = _interpolation(times, grid)
