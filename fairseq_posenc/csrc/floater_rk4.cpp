@@ -1,5 +1,6 @@
 // The two step loops of FLOATER's hidden-space rk4 (fairseq_posenc/positions/floater_solver.py,
-// _RK4Hidden) in C++. The arithmetic is the Python loops' own, in the same order; what goes is
+// _RK4Hidden) in C++. The arithmetic is the Python loops' own, in the same order (except that c is
+// added after the matmul rather than inside torch's addmm, which rounds differently); what goes is
 // Python's cost per operation: a step is four small matmuls and some twenty elementwise passes
 // over a (states x hidden) array, each of which costs the interpreter and torch's dispatcher
 // several microseconds, more than the work itself at the sizes a researcher trains. The matmuls
