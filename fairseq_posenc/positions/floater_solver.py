@@ -212,26 +212,12 @@ class _RK4Hidden(torch.autograd.Function):
         rs = y0.new_empty(n if store else 1, 4, states, hidden)
         # the steps' weighted sums of relu(p), whose running total times W2 moves y
         rho = y0.new_empty(n, states, hidden)
-        loops = compiled_loops(u)
-        if loops is not None:
-            loops.forward_steps(u.contiguous(), bias1.contiguous(), c.contiguous(), m.contiguous(), dt.tolist(), rs, rho)
-        for i, h in enumerate(dt.tolist() if loops is None else ()):
-            r = rs[i if store else 0]
-            torch.add(u, bias1[i, 0], out=r[0]).relu_()
-            q1 = torch.addmm(c[i, 0], r[0], m)
-            torch.add(u, q1, alpha=h / 3, out=r[1]).add_(bias1[i, 1]).relu_()
-            q2 = torch.addmm(c[i, 1], r[1], m)
-            torch.add(u, q2 - q1 * (1 / 3), alpha=h, out=r[2]).add_(bias1[i, 2]).relu_()
-            q3 = torch.addmm(c[i, 2], r[2], m)
-            torch.add(u, q1 - q2 + q3, alpha=h, out=r[3]).add_(bias1[i, 3]).relu_()
-            q4 = torch.addmm(c[i, 3], r[3], m)
-            u = u + (q1 + 3 * (q2 + q3) + q4) * (h * 0.125)
-            torch.add(r[0] + r[3], r[1] + r[2], alpha=3, out=rho[i]).mul_(h * 0.125)
+        loops = compiled_loops(u) or _PythonLoops
+        loops.forward_steps(u.contiguous(), bias1.contiguous(), c.contiguous(), m.contiguous(), dt.tolist(), rs, rho)
         weights = dt[:, None] * dt.new_tensor(_WEIGHTS)  # (N, 4)
         beta = (weights[..., None] * bias2).sum(1)  # (N, dim): the b2 terms of each step
         zero = y0.new_zeros(1, states, hidden)
-        running = rho.cumsum(0) if loops is None else loops.running_sums(rho, False)
-        totals = torch.cat([zero, running])  # (N + 1, states, hidden)
+        totals = torch.cat([zero, loops.running_sums(rho, False)])  # (N + 1, states, hidden)
         beta_totals = torch.cat([beta.new_zeros(1, dim), beta.cumsum(0)])  # (N + 1, dim)
 
         steps, slope, at_start, at_end = _interpolation(times, grid)
@@ -261,8 +247,8 @@ class _RK4Hidden(torch.autograd.Function):
         grad_ys.index_add_(0, steps + 1, g * w_end[:, None, None])
         # y_j = y0 + (rho_0 + ... + rho_{j-1}) W2 + (beta_0 + ... + beta_{j-1}): step i's sums reach
         # every y after it
-        loops = compiled_loops(grad_ys)
-        later = (grad_ys.flip(0).cumsum(0).flip(0) if loops is None else loops.running_sums(grad_ys, True))[1:]
+        loops = compiled_loops(grad_ys) or _PythonLoops
+        later = loops.running_sums(grad_ys, True)[1:]
         grad_y0 = grad_ys.sum(0)
         grad_w2 = rho.reshape(-1, hidden).t().mm(later.reshape(-1, dim))
         grad_rho = later.matmul(w2.t())  # (N, states, hidden)
@@ -272,16 +258,55 @@ class _RK4Hidden(torch.autograd.Function):
         grad_c = c.new_zeros(c.shape)  # summed over states: (N, 4, hidden)
         grad_b1_t = c.new_zeros(c.shape)
         chunk = min(CHUNK, n)
+        adjoint = loops.backward_steps(rs, grad_rho.contiguous(), m.contiguous(), dt.tolist(), chunk, grad_m, grad_c,
+                                       grad_b1_t)
+
+        # u0 = y0 W1, M = W2 W1, c = b2(t) W1
+        grad_y0 = grad_y0 + adjoint.mm(w1.t())
+        grad_w1 = y0.t().mm(adjoint) + w2.t().mm(grad_m) + bias2.reshape(-1, dim).t().mm(grad_c.reshape(-1, hidden))
+        grad_w2 = grad_w2 + grad_m.mm(w1.t())
+        weights = dt[:, None] * dt.new_tensor(_WEIGHTS)
+        grad_b2_t = grad_c.matmul(w1.t()) + weights[..., None] * grad_beta[:, None]  # (N, 4, dim)
+        grad_b1, grad_b2 = grad_b1_t.sum((0, 1)), grad_b2_t.sum((0, 1))
+        grad_time1 = (stage_times[..., None] * grad_b1_t).sum((0, 1))
+        grad_time2 = (stage_times[..., None] * grad_b2_t).sum((0, 1))
+        return None, None, grad_y0, grad_w1, grad_b1, grad_time1, grad_w2, grad_b2, grad_time2
+
+
+class _PythonLoops:
+    """The step loops of :class:`_RK4Hidden` in Python, with the C++ loops' signatures: they run
+    where those are not built, on a GPU, and for float64."""
+
+    @staticmethod
+    def forward_steps(u: Tensor, bias1: Tensor, c: Tensor, m: Tensor, dts: Sequence[float], rs: Tensor,
+                      rho: Tensor):
+        """Steps forward from u = y W1; each evaluation's relu(p) into ``rs`` (N or 1 of them),
+        each step's weighted sum of them into ``rho``."""
+        store = rs.size(0) == len(dts)
+        for i, h in enumerate(dts):
+            r = rs[i if store else 0]
+            torch.add(u, bias1[i, 0], out=r[0]).relu_()
+            q1 = torch.addmm(c[i, 0], r[0], m)
+            torch.add(u, q1, alpha=h / 3, out=r[1]).add_(bias1[i, 1]).relu_()
+            q2 = torch.addmm(c[i, 1], r[1], m)
+            torch.add(u, q2 - q1 * (1 / 3), alpha=h, out=r[2]).add_(bias1[i, 2]).relu_()
+            q3 = torch.addmm(c[i, 2], r[2], m)
+            torch.add(u, q1 - q2 + q3, alpha=h, out=r[3]).add_(bias1[i, 3]).relu_()
+            q4 = torch.addmm(c[i, 3], r[3], m)
+            u = u + (q1 + 3 * (q2 + q3) + q4) * (h * 0.125)
+            torch.add(r[0] + r[3], r[1] + r[2], alpha=3, out=rho[i]).mul_(h * 0.125)
+
+    @staticmethod
+    def backward_steps(rs: Tensor, grad_rho: Tensor, m: Tensor, dts: Sequence[float], chunk: int, grad_m: Tensor,
+                       grad_c: Tensor, grad_b1: Tensor) -> Tensor:
+        """The discrete adjoint of :meth:`forward_steps`: accumulates into ``grad_m``, fills
+        ``grad_c`` and ``grad_b1`` (summed over the states) and returns the gradient on u."""
+        n, _, states, hidden = rs.shape
         g_q = rs.new_empty(chunk, 4, states, hidden)  # the gradient on each q
         g_p = rs.new_empty(chunk, 4, states, hidden)  # on each pre-activation p
         mt = m.t()
-
         adjoint = rs.new_zeros(states, hidden)  # on u after the last step: u is not an output
-        dts = dt.tolist()
-        if loops is not None:
-            adjoint = loops.backward_steps(rs, grad_rho.contiguous(), m.contiguous(), dts, chunk, grad_m, grad_c,
-                                           grad_b1_t)
-        for i in range(n - 1, -1, -1) if loops is None else ():
+        for i in range(n - 1, -1, -1):
             k, h = i % chunk, dts[i]
             gq, gp, r, g_rho = g_q[k], g_p[k], rs[i], grad_rho[i]
 
@@ -305,18 +330,13 @@ class _RK4Hidden(torch.autograd.Function):
                 done = slice(i, i + count)
                 grad_m.addmm_(rs[done].reshape(-1, hidden).t(), g_q[:count].reshape(-1, hidden))
                 grad_c[done] = g_q[:count].sum(2)
-                grad_b1_t[done] = g_p[:count].sum(2)
+                grad_b1[done] = g_p[:count].sum(2)
+        return adjoint
 
-        # u0 = y0 W1, M = W2 W1, c = b2(t) W1
-        grad_y0 = grad_y0 + adjoint.mm(w1.t())
-        grad_w1 = y0.t().mm(adjoint) + w2.t().mm(grad_m) + bias2.reshape(-1, dim).t().mm(grad_c.reshape(-1, hidden))
-        grad_w2 = grad_w2 + grad_m.mm(w1.t())
-        weights = dt[:, None] * dt.new_tensor(_WEIGHTS)
-        grad_b2_t = grad_c.matmul(w1.t()) + weights[..., None] * grad_beta[:, None]  # (N, 4, dim)
-        grad_b1, grad_b2 = grad_b1_t.sum((0, 1)), grad_b2_t.sum((0, 1))
-        grad_time1 = (stage_times[..., None] * grad_b1_t).sum((0, 1))
-        grad_time2 = (stage_times[..., None] * grad_b2_t).sum((0, 1))
-        return None, None, grad_y0, grad_w1, grad_b1, grad_time1, grad_w2, grad_b2, grad_time2
+    @staticmethod
+    def running_sums(x: Tensor, reverse: bool) -> Tensor:
+        """Cumulative sums along the first dimension, from the end with ``reverse``."""
+        return x.flip(0).cumsum(0).flip(0) if reverse else x.cumsum(0)
 
 
 def rk4(weights: Sequence[Tensor], y0: Tensor, times: Tensor, step: float) -> Tensor:
