@@ -295,15 +295,15 @@ plan_training() {
   fi
 }
 
-# guard_run_settings DATA_BIN: fairseq-train resumes from OUT's checkpoint_last.pt whatever its
-# flags, so a run into an OUT trained with other settings would silently continue it (or stop at
-# once as finished) and be labelled with the new ones. Refuse that; a larger MAX_UPDATE or
-# MAX_EPOCH is a resumption and allowed.
 run_settings() {  # DATA_BIN: what a trained model depends on, besides how long it trains
   echo "enc=$ENC arch=$ARCH lr=$LR dropout=$DROPOUT warmup=$WARMUP max_tokens=$MAX_TOKENS" \
     "precision=$DEVICE_FLAGS model_flags=$MODEL_FLAGS extra_flags=$EXTRA_FLAGS data_bin=$(cd "$1" && pwd)"
 }
 
+# guard_run_settings DATA_BIN: fairseq-train resumes from OUT's checkpoint_last.pt whatever its
+# flags, so a run into an OUT trained with other settings would silently continue it (or stop at
+# once as finished) and be labelled with the new ones. Refuse that; a larger MAX_UPDATE or
+# MAX_EPOCH is a resumption and allowed.
 guard_run_settings() {
   local settings; settings="$(run_settings "$1")"
   if [ -f "$OUT/run.settings" ] && [ "$(cat "$OUT/run.settings")" != "$settings" ] \
