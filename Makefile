@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install test demo benchmark clean
+.PHONY: install test test-numerics demo benchmark clean
 
 install: $(STAMP)
 
@@ -23,6 +23,30 @@ $(STAMP): requirements.txt requirements-fairseq.txt setup.py fairseq_posenc/csrc
 
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The float comparisons (tests marked numerics) under each vector kernel set torch can pick on
+# this CPU (default always; avx2 and avx512 where /proc/cpuinfo lists them: ATen's avx512 kernels
+# need avx512f, bw, dq and vl) and with 1 and 2 threads, each combination in turn, then the
+# comparisons closest to their tolerances. A tolerance that holds for one summation order only
+# fails here, not on the next machine. NUMERICS_LOG=file appends every comparison's difference
+# and tolerance to file and keeps it (json lines; `python tests/tolerances.py file` summarises).
+NUMERICS_FLAGS := $(shell cat /proc/cpuinfo 2>/dev/null | grep -m1 '^flags')
+NUMERICS_CAPABILITIES := default \
+	$(if $(filter avx2,$(NUMERICS_FLAGS)),avx2) \
+	$(if $(filter-out 4,$(words $(filter avx512f avx512bw avx512dq avx512vl,$(NUMERICS_FLAGS)))),,avx512)
+NUMERICS_THREADS := 1 2
+
+test-numerics: install
+	@log=$${NUMERICS_LOG:-$$(mktemp)}; status=0; \
+	for capability in $(NUMERICS_CAPABILITIES); do for threads in $(NUMERICS_THREADS); do \
+		echo "== ATEN_CPU_CAPABILITY=$$capability OMP_NUM_THREADS=$$threads"; \
+		ATEN_CPU_CAPABILITY=$$capability $(PY) -c "import torch; print('   torch picks', torch.backends.cpu.get_cpu_capability())"; \
+		NUMERICS_LOG=$$log ATEN_CPU_CAPABILITY=$$capability OMP_NUM_THREADS=$$threads \
+			$(VENV)/bin/pytest -m numerics -q -p no:cacheprovider $(PYTEST_ARGS) \
+			|| { status=1; echo "== FAILED: ATEN_CPU_CAPABILITY=$$capability OMP_NUM_THREADS=$$threads"; }; \
+	done; done; \
+	echo "== the 20 comparisons closest to their tolerances, over all combinations"; \
+	$(PY) tests/tolerances.py $$log 20; [ -n "$$NUMERICS_LOG" ] || rm -f $$log; exit $$status
 
 demo: install
 	$(PY) scripts/demo.py $(DEMO_ARGS)

@@ -10,6 +10,7 @@ from fairseq.data import Dictionary
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
+from tolerances import float32_tolerance, transformer_terms
 from toy import TINY
 
 
@@ -75,4 +76,8 @@ def test_train_and_generate_reload_the_same_model(corpus, encoding):
             lprobs = model.get_normalized_probs(model(src_tokens, torch.tensor([src_tokens.size(1)]), prev),
                                                 log_probs=True)
             expected = (lprobs[0].gather(-1, target[0, :, None])[:, 0] / math.log(2)).tolist()
-            assert cli_scores[i] == pytest.approx(expected, abs=2e-4), f"sentence {i}"
+            # fairseq-generate prints 4 decimals (up to 5e-5 off), of a float32 forward in a batch
+            # of 8 (another summation order than this one sentence alone), in bits
+            model_tolerance = float32_tolerance(transformer_terms(model, src_tokens.size(1), target.size(1)),
+                                                max(1.0, lprobs.abs().max().item())) / math.log(2)
+            assert cli_scores[i] == pytest.approx(expected, abs=0.5e-4 + model_tolerance), f"sentence {i}"

@@ -1,6 +1,7 @@
 """The pure maths of the position schemes, against hand-computed values."""
 import math
 
+import pytest
 import torch
 
 from fairseq_posenc.positions.alibi import alibi_slopes
@@ -8,6 +9,7 @@ from fairseq_posenc.positions.base import AttentionPositions
 from fairseq_posenc.positions.rope import rope_angles, rotate_half
 from fairseq_posenc.positions.segments import segment_ids
 from fairseq_posenc.positions.t5 import relative_position_bucket
+from tolerances import assert_within, float32_tolerance
 
 
 def test_t5_buckets_bidirectional_by_hand():
@@ -51,10 +53,12 @@ def test_rotate_half():
     assert rotate_half(x).tolist() == [-3.0, -4.0, 1.0, 2.0]
 
 
+@pytest.mark.numerics
 def test_rope_angles_and_relative_dot_products():
     angles = rope_angles(torch.tensor([0, 1, 3]), dim=4, theta=100.0)
     # frequencies 100^0 = 1 and 100^(-2/4) = 0.1, each repeated for the two halves
-    torch.testing.assert_close(angles[2], torch.tensor([3.0, 0.3, 3.0, 0.3]))
+    # 100^(-1/2) and 3 x it, rounded (and 0.3 once more, as a float32 literal): 3 roundings at 3
+    assert_within(angles[2], torch.tensor([3.0, 0.3, 3.0, 0.3]), float32_tolerance(3, 3.0))
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(8, generator=g), torch.randn(8, generator=g)
 
@@ -64,8 +68,11 @@ def test_rope_angles_and_relative_dot_products():
         rk = k * a[1].cos() + rotate_half(k) * a[1].sin()
         return (rq * rk).sum()
 
-    # depends on i - j only
-    torch.testing.assert_close(rotated_dot(3, 1), rotated_dot(10, 8))
+    # depends on i - j only: 8 products summed and 3 roundings per rotated component, at most
+    # |q| |k|; and angles of up to 10 rad, each rounded twice (frequency, product), which turn
+    # the vectors and move the dot product by up to |q| |k| per radian
+    qk = (q.norm() * k.norm()).item()
+    assert_within(rotated_dot(3, 1), rotated_dot(10, 8), float32_tolerance(8 + 3, qk) + float32_tolerance(2, 10 * qk))
     assert not math.isclose(rotated_dot(3, 1).item(), rotated_dot(3, 2).item(), rel_tol=1e-3)
 
 

@@ -2,6 +2,7 @@
 written out with a table entry per (query, key) pair, values and gradients, wherever the queries
 sit among the keys."""
 import argparse
+import copy
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 from fairseq_posenc.modules import PositionalAttention
 from fairseq_posenc.positions import AttentionPositions
 from fairseq_posenc.positions.shaw import ShawRelative
+from tolerances import assert_within, float32_tolerance, float64_tolerance, magnitude
 
 
 def shaw(k, heads=2, head_dim=4, layers=2):
@@ -32,10 +34,29 @@ def positions(t, s, left_pads):
     return AttentionPositions.build(t, s, mask, "cpu")
 
 
-def grads(outputs, inputs, seed):
+def grads(outputs, inputs, seed, dtype=None):
+    """Gradients of sum(w * output), w random (drawn in ``dtype``, then cast to the output's)."""
     g = torch.Generator().manual_seed(seed)
-    weights = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outputs]
+    weights = [torch.randn(o.shape, generator=g, dtype=dtype or o.dtype).to(o.dtype) for o in outputs]
     return torch.autograd.grad(outputs, inputs, weights)
+
+
+def largest_pool(pos, k):
+    """The most (query, key) pairs that share one clipped offset: the longest sum of a pooled
+    probability, and of a^K's and a^V's gradients (the edge offsets pool every pair beyond k)."""
+    index = (pos.k_frame[None, :] - pos.q_frame[:, None]).clamp(-k, k) + k
+    return torch.bincount(index.flatten()).max().item()
+
+
+def term_counts(batch, heads, t, s, k, head_dim):
+    """How many terms each compared tensor sums, counted on the longer of the two ways:
+    (bias, value, grad q, grad probs, grad a^K, grad a^V). The scheme gathers q . a^K over the
+    2k + 1 offsets (head dim terms), pools the probabilities per offset (up to s terms) before
+    a sum over the 2k + 1 offsets, and the gradients of the tables sum over every (batch, head,
+    query, key) pair of an offset; the equations sum over the keys and the head dim."""
+    offsets = 2 * k + 1
+    pairs = batch * heads * largest_pool(positions(t, s, None), k)
+    return (head_dim + 1, s + offsets, s + offsets, head_dim, pairs, pairs)
 
 
 CASES = [
@@ -51,6 +72,7 @@ CASES = [
 ]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("t, s, k, left_pads", CASES)
 def test_terms_equal_the_equations_per_pair_and_their_gradients(t, s, k, left_pads):
     torch.manual_seed(t * 100 + s)
@@ -64,24 +86,36 @@ def test_terms_equal_the_equations_per_pair_and_their_gradients(t, s, k, left_pa
     value = scheme.value_term(1, probs, pos)
     expected_bias, expected_value = reference_terms(scheme, 1, q, probs, pos)
     assert bias.shape == (batch, 2, t, s) and value.shape == (batch, 2, t, 4)
-    torch.testing.assert_close(bias, expected_bias, atol=1e-12, rtol=1e-12)
-    torch.testing.assert_close(value, expected_value, atol=1e-12, rtol=1e-12)
     inputs = (q, probs, scheme.rel_k, scheme.rel_v)
-    for got, want in zip(grads((bias, value), inputs, seed=1), grads((expected_bias, expected_value), inputs, seed=1)):
-        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    got = (bias, value) + grads((bias, value), inputs, seed=1)
+    want = (expected_bias, expected_value) + grads((expected_bias, expected_value), inputs, seed=1)
+    # float64 both ways: each sum within terms x eps64 x its largest value of the exact one
+    names = ("bias", "value", "grad q", "grad probs", "grad a^K", "grad a^V")
+    for a, b, terms, name in zip(got, want, term_counts(batch, 2, t, s, k, 4), names):
+        assert_within(a, b, float64_tolerance(terms, magnitude(a, b)), name)
 
 
+@pytest.mark.numerics
 def test_float32_terms_match_the_equations_to_single_precision():
+    """The float32 terms against the equations in float64 on the same (float32) values: only
+    the float32 side rounds, each tensor by at most its terms x eps32 x its largest value. The
+    gradients of a^K and a^V at the edge offsets sum 3 x 4 x 1176 = 14112 pairs each, whose
+    float32 sum rounds differently with each CPU's vector kernels."""
     torch.manual_seed(0)
     scheme = shaw(16, heads=4, head_dim=64).float()
     pos = positions(64, 64, None)
     q = torch.randn(3, 4, 64, 64, requires_grad=True)
     probs = torch.randn(3, 4, 64, 64).softmax(-1).requires_grad_()
     got = (scheme.attention_bias(0, q, pos), scheme.value_term(0, probs, pos))
-    want = reference_terms(scheme, 0, q, probs, pos)
-    inputs = (q, probs, scheme.rel_k, scheme.rel_v)
-    for a, b in zip(got + grads(got, inputs, 2), want + grads(want, inputs, 2)):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    got += grads(got, (q, probs, scheme.rel_k, scheme.rel_v), 2)
+    exact = copy.deepcopy(scheme).double()
+    q64, probs64 = q.detach().double().requires_grad_(), probs.detach().double().requires_grad_()
+    want = reference_terms(exact, 0, q64, probs64, pos)
+    want += grads(want, (q64, probs64, exact.rel_k, exact.rel_v), 2, dtype=torch.float32)
+    names = ("bias", "value", "grad q", "grad probs", "grad a^K", "grad a^V")
+    for a, b, terms, name in zip(got, want, term_counts(3, 4, 64, 64, 16, 64), names):
+        assert a.dtype == torch.float32
+        assert_within(a.double(), b, float32_tolerance(terms, magnitude(b), sides=1), name)
 
 
 class ReferenceShaw(ShawRelative):
@@ -93,6 +127,7 @@ class ReferenceShaw(ShawRelative):
         return reference_terms(self, layer, q, probs, pos)[1]
 
 
+@pytest.mark.numerics
 def test_attention_over_a_left_padded_batch_equals_the_reference_with_its_gradients():
     torch.manual_seed(0)
     scheme = shaw(3, heads=2, head_dim=4, layers=1)
@@ -107,5 +142,10 @@ def test_attention_over_a_left_padded_batch_equals_the_reference_with_its_gradie
         term.begin_forward(torch.zeros(3, 9, dtype=torch.long))
         out, _ = attn(x, x, x, key_padding_mask=pads, need_weights=False)
         results.append((out,) + grads((out,), (x, term.rel_k, term.rel_v), seed=3))
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    # float64 both ways. The forward's chain of sums: the projections (8 terms), a logit (4, and
+    # 4 for q . a^K), the softmax and the weighted values (9 keys each), a^V pooled over 9 keys
+    # and 7 offsets, the output projection (8): 58 terms; the backward runs it again, and a^K's
+    # and a^V's gradients add 3 sentences x 2 heads x up to 21 pairs per edge offset
+    terms = 2 * 58 + 3 * 2 * largest_pool(positions(9, 9, None), 3)
+    for got, want, name in zip(*results, ("output", "grad x", "grad a^K", "grad a^V")):
+        assert_within(got, want, float64_tolerance(terms, magnitude(got, want)), name)

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
 from toy import build_model, full_log_probs, incremental_log_probs, toy_batch
 
 
@@ -26,6 +27,7 @@ def test_state_dicts_are_interchangeable():
     stock.load_state_dict(ours.state_dict(), strict=True)
 
 
+@pytest.mark.numerics
 def test_training_forward_and_gradients_match_stock_with_dropout():
     stock, ours = _pair(dropout="0.3")
     src, lengths, prev = toy_batch(stock.encoder.dictionary, [9, 5, 7])
@@ -38,11 +40,16 @@ def test_training_forward_and_gradients_match_stock_with_dropout():
         outputs.append((logits, {n: p.grad for n, p in model.named_parameters()}))
     (stock_logits, stock_grads), (our_logits, our_grads) = outputs
     assert stock_logits.shape == our_logits.shape == (3, 7, len(stock.decoder.dictionary))
-    torch.testing.assert_close(our_logits, stock_logits, atol=1e-5, rtol=1e-5)
+    # the two attention implementations sum in other orders: the transformer's chain of sums
+    terms = transformer_terms(stock, 9, 7)
+    assert_within(our_logits, stock_logits, float32_tolerance(terms, magnitude(stock_logits, floor=1)), "logits")
+    # the backward runs the chain again, and a weight's gradient sums over the 3 x 9 positions
+    grad_terms, largest = 2 * terms + 3 * 9, magnitude(*stock_grads.values())
     for name, grad in stock_grads.items():
-        torch.testing.assert_close(our_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+        assert_within(our_grads[name], grad, float32_tolerance(grad_terms, largest), name)
 
 
+@pytest.mark.numerics
 @torch.no_grad()
 def test_incremental_decoding_matches_stock():
     stock, ours = _pair()
@@ -50,11 +57,13 @@ def test_incremental_decoding_matches_stock():
     stock.eval(), ours.eval()
     expected = incremental_log_probs(stock, src, lengths, prev)
     actual = incremental_log_probs(ours, src, lengths, prev)
-    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    tolerance = float32_tolerance(transformer_terms(stock, 9, 7), magnitude(expected, floor=1))
+    assert_within(actual, expected, tolerance, "ours against stock")
     # and both equal one full forward of the same prefix
-    torch.testing.assert_close(actual, full_log_probs(ours, src, lengths, prev), atol=1e-5, rtol=1e-5)
+    assert_within(actual, full_log_probs(ours, src, lengths, prev), tolerance, "incremental against full")
 
 
+@pytest.mark.numerics
 @torch.no_grad()
 def test_beam_search_matches_stock():
     from fairseq.sequence_generator import SequenceGenerator
@@ -71,8 +80,14 @@ def test_beam_search_matches_stock():
         assert len(stock_hyps) == len(our_hyps) == 4
         for a, b in zip(stock_hyps, our_hyps):
             assert torch.equal(a["tokens"], b["tokens"])
-            torch.testing.assert_close(b["score"], a["score"], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(b["positional_scores"], a["positional_scores"], atol=1e-5, rtol=1e-5)
+            # a token's log-probability, and the beam's running sum of them (up to n x the score),
+            # of which a positional score is a difference: 2 more terms per step. The score is
+            # that sum divided by n: its error is the mean of the steps' errors
+            n = len(a["tokens"])
+            tolerance = (float32_tolerance(transformer_terms(stock, 9, n), magnitude(a["positional_scores"], floor=1))
+                         + float32_tolerance(2 * n, n * magnitude(a["score"])))
+            assert_within(b["positional_scores"], a["positional_scores"], tolerance, "positional scores")
+            assert_within(b["score"], a["score"], tolerance, "score")
 
 
 def test_learned_positions_match_stock_learned_pos():
@@ -106,6 +121,7 @@ def test_named_architectures_have_vaswani_sizes(arch, dim, ffn, heads, dropout):
     assert args.position_encoding == "sinusoidal"
 
 
+@pytest.mark.numerics
 @torch.no_grad()
 def test_alignment_attention_matches_stock():
     stock, ours = _pair()
@@ -113,9 +129,12 @@ def test_alignment_attention_matches_stock():
     stock.eval(), ours.eval()
     (_, stock_extra), (_, our_extra) = stock(src, lengths, prev), ours(src, lengths, prev)
     assert our_extra["attn"][0].shape == (3, 7, 9)  # (B, T, S), averaged over heads
-    torch.testing.assert_close(our_extra["attn"][0], stock_extra["attn"][0], atol=1e-6, rtol=1e-5)
+    # probabilities (at most 1) at the last decoder layer, counted as the whole chain
+    tolerance = float32_tolerance(transformer_terms(stock, 9, 7), 1.0)
+    assert_within(our_extra["attn"][0], stock_extra["attn"][0], tolerance, "alignment")
 
 
+@pytest.mark.numerics
 @torch.no_grad()
 def test_per_head_attention_weights_match_fairseq_multihead_attention():
     from fairseq.modules import MultiheadAttention
@@ -133,8 +152,12 @@ def test_per_head_attention_weights_match_fairseq_multihead_attention():
     averaged = ours(x, x, x, key_padding_mask=pad, need_weights=True)
     per_head = ours(x, x, x, key_padding_mask=pad, need_head_weights=True)
     assert averaged[1].shape == (2, 6, 6) and per_head[1].shape == (4, 2, 6, 6)  # (H, B, T, S)
-    torch.testing.assert_close(averaged[0], expected[0], atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(averaged[1], expected[1], atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(per_head[1].mean(0), expected[1], atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(per_head[1].sum(-1), torch.ones(4, 2, 6))
+    # the projection (16 terms), a logit (head size 4), the softmax and the weighted values (6
+    # keys each), the output projection (16), the mean over 4 heads: 52 terms
+    tolerance = float32_tolerance(16 + 4 + 6 + 6 + 16 + 4, magnitude(expected[0], floor=1))
+    assert_within(averaged[0], expected[0], tolerance, "output")
+    assert_within(averaged[1], expected[1], tolerance, "weights")
+    assert_within(per_head[1].mean(0), expected[1], tolerance, "mean of the heads' weights")
+    # a softmax's probabilities add up to 1: its normaliser and this sum, 6 terms each
+    assert_within(per_head[1].sum(-1), torch.ones(4, 2, 6), float32_tolerance(6 + 6, 1.0, sides=1), "sum to 1")
     assert per_head[1][:, 0, :, :2].abs().max() == 0  # padded keys get no weight
