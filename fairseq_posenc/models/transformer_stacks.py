@@ -101,5 +101,7 @@ class PosencTransformerDecoder(TransformerDecoderBase):
         return _wrap_layer(PosencDecoderLayer(cfg, no_encoder_attn), cfg)
 
     def extract_features(self, prev_output_tokens, encoder_out, incremental_state=None, **kwargs):
-        self.position_encoding.begin_forward(prev_output_tokens)
+        # a non-empty incremental state: a later step of one decode (fairseq's generator starts
+        # each batch with an empty one)
+        self.position_encoding.begin_forward(prev_output_tokens, continues=bool(incremental_state))
         return super().extract_features(prev_output_tokens, encoder_out, incremental_state, **kwargs)

@@ -13,7 +13,8 @@ The stack calls ``begin_forward`` once per forward (each decoding step is a forw
 the scheme to every attention layer; the layers call the hooks with their index and an
 :class:`AttentionPositions`. Tables that do not depend on the input are built once per forward
 for all layers that share them (``shared``), and kept across forwards while no gradient is
-recorded and the parameters have not changed (``table``), which is what decoding needs.
+recorded and the parameters have not changed (``table``; :mod:`.kept` says how "not changed" is
+decided), which is what decoding needs.
 """
 from dataclasses import dataclass
 from typing import Callable, Dict, Hashable, Optional, Tuple
@@ -23,6 +24,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from ..compat import PosencError
+from .kept import KeptFrom
 
 #: positions a table covers at least when it is kept for decoding
 MIN_TABLE = 64
@@ -101,8 +103,11 @@ class PositionEncoding(nn.Module):
         self.max_positions = getattr(cfg, "max_source_positions" if side == "encoder" else "max_target_positions", None)
         self.length_flag = "--max-source-positions" if side == "encoder" else "--max-target-positions"
         self._forward_cache: Dict[Hashable, Tensor] = {}
-        self._forward_versions: Optional[Tuple] = None
-        self._tables: Dict[Hashable, Tuple[Tuple, Tensor, int]] = {}
+        # name -> (table, positions it covers), computed from the tensors ``_kept_from`` remembers
+        self._tables: Dict[Hashable, Tuple[Tensor, int]] = {}
+        self._kept_from = KeptFrom()
+        self._tables_checked = False
+        self._continues = False
 
     # hooks; the defaults do nothing
     @classmethod
@@ -113,12 +118,15 @@ class PositionEncoding(nn.Module):
     def tie(self, encoder_scheme: "PositionEncoding"):
         """On the decoder's scheme, with the encoder's: share what the two should share."""
 
-    def begin_forward(self, tokens: Tensor):
-        """Called by the stack with its input tokens (B, T) before its layers run."""
+    def begin_forward(self, tokens: Tensor, continues: bool = False):
+        """Called by the stack with its input tokens (B, T) before its layers run. ``continues``:
+        this forward is a later step of a step-by-step decode (fairseq's incremental state is not
+        empty), whose parameters are those of its first step."""
         if not self.extrapolates:
             self.check_length(tokens.size(1), self.max_positions, self.length_flag)
         self._forward_cache.clear()
-        self._forward_versions = None
+        self._tables_checked = False
+        self._continues = continues
 
     def transform_qkv(self, layer: int, role: str, q: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                       pos: AttentionPositions):
@@ -135,17 +143,21 @@ class PositionEncoding(nn.Module):
         return None
 
     # caching
-    def _parameter_versions(self) -> Tuple:
-        """Changes when a parameter is updated, or when the module moves to another device or
-        dtype (buffers such as ALiBi's slopes included)."""
-        return (tuple((p._version, p.device, p.dtype) for p in self.parameters())
-                + tuple((b.device, b.dtype) for b in self.buffers()))
+    def _table_inputs(self):
+        """What kept tables are computed from: the parameters, and the buffers that say where
+        the module lives (ALiBi's slopes)."""
+        return list(self.parameters()) + list(self.buffers())
 
-    def _versions_this_forward(self) -> Tuple:
-        # parameters do not change within a forward: walk the module tree once per forward
-        if self._forward_versions is None:
-            self._forward_versions = self._parameter_versions()
-        return self._forward_versions
+    def _check_kept_tables(self):
+        """Drop the kept tables if the parameters changed since they were built: once per
+        forward (parameters do not change within one)."""
+        if self._tables_checked:
+            return
+        inputs = self._table_inputs()
+        if not self._kept_from.still_current(inputs, contents=not self._continues):
+            self._tables.clear()
+            self._kept_from.remember(inputs)
+        self._tables_checked = True
 
     def shared(self, key: Hashable, compute: Callable[[], Tensor]) -> Tensor:
         """``compute()`` once per forward (``begin_forward`` starts one) for every layer asking
@@ -164,15 +176,14 @@ class PositionEncoding(nn.Module):
         """
         if torch.is_grad_enabled():
             return self.shared(("table", name, length), lambda: compute(length))
-        version = self._versions_this_forward()
+        self._check_kept_tables()
         cached = self._tables.get(name)
-        if cached is None or cached[0] != version or cached[2] < length:
-            grown = 2 * cached[2] if cached is not None and cached[0] == version else MIN_TABLE
-            size = max(length, grown)
+        if cached is None or cached[1] < length:
+            size = max(length, 2 * cached[1] if cached is not None else MIN_TABLE)
             size = min(size, max_length) if max_length else size
-            cached = (version, compute(size), size)
+            cached = (compute(size), size)
             self._tables[name] = cached
-        return cached[1]
+        return cached[0]
 
     def relative_bias(self, name: Hashable, pos: AttentionPositions,
                       per_offset: Callable[[Tensor], Tensor]) -> Tensor:

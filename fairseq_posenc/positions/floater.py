@@ -9,7 +9,9 @@ the model is exactly the vanilla Transformer.
 Cost: the biases do not depend on the input, so one solve covers every block and every sentence
 of a forward, for the longest length needed; a longer length extends the solution from where it
 ended rather than solving again from 0. Without gradients the solution is kept, stored in the
-checkpoint (``solution``), and reused while the parameters are those it was solved with.
+checkpoint (``solution``), and reused while the parameters are those it was solved with (decided
+as for every kept table, :mod:`.kept`; the checkpoint also stores a ``fingerprint`` of them, so
+that a loaded solution is trusted only for the parameters loaded with it).
 """
 from dataclasses import dataclass, field
 from typing import Optional
@@ -20,6 +22,7 @@ from torch import Tensor
 
 from ..compat import PosencError
 from .base import MIN_TABLE, PositionEncoding, at_least_float32
+from .kept import KeptFrom
 
 FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
@@ -165,7 +168,7 @@ class FloaterODE(nn.Module):
         self.register_buffer("solution", torch.zeros(0, num_states, dim))
         self.register_buffer("fingerprint", torch.zeros(2, dtype=torch.float64))
         self.solved_length = 0
-        self._trusted_versions = None
+        self._solved_from = KeptFrom()
         self._generation = 0
         self._graph = None  # (generation, solution with autograd history) while training
         self._update = None  # the update fairseq's trainer runs, when it announced one
@@ -200,7 +203,9 @@ class FloaterODE(nn.Module):
         as a solve per pass, for the cost of one."""
         self._update = _Update(passes)
 
-    def positions(self, length: int) -> Tensor:
+    def positions(self, length: int, continues: bool = False) -> Tensor:
+        """The solution over at least ``length`` positions. ``continues``: a later step of a
+        step-by-step decode, whose parameters are those of its first step (:mod:`.kept`)."""
         if torch.is_grad_enabled() and self.initial.requires_grad:
             generation, solution = self._graph if self._graph is not None else (None, None)
             if generation == self._generation and solution.size(0) >= length:
@@ -215,7 +220,7 @@ class FloaterODE(nn.Module):
             self.solved_length = max(self.solved_length, length)
             return solution
         with torch.no_grad():
-            if not self._solution_is_current():
+            if not self._solution_is_current(contents=not continues):
                 self._set_solution(self._solve(self.initial, 0, max(length, MIN_TABLE)))
             elif self.solution.size(0) < length:
                 start = self.solution.size(0) - 1
@@ -257,16 +262,15 @@ class FloaterODE(nn.Module):
         values = [p.detach().double() for p in self.parameters()]
         return torch.stack([sum(v.sum() for v in values), sum((v * v).sum() for v in values)]).cpu()
 
-    def _versions(self):
-        return tuple((p._version, p.data_ptr(), p.dtype) for p in self.parameters())
-
-    def _solution_is_current(self) -> bool:
+    def _solution_is_current(self, contents: bool = True) -> bool:
         if self.solution.size(0) == 0:
             return False
-        if self._trusted_versions == self._versions():
+        if self._solved_from.still_current(self.parameters(), contents):
             return True
-        if torch.equal(self._fingerprint(), self.fingerprint.cpu()):
-            self._trusted_versions = self._versions()
+        # a solution loaded from a checkpoint: its fingerprint tells whether the parameters
+        # loaded with it are those it was solved with
+        if self._solved_from.empty and torch.equal(self._fingerprint(), self.fingerprint.cpu()):
+            self._solved_from.remember(self.parameters())
             return True
         return False
 
@@ -274,7 +278,7 @@ class FloaterODE(nn.Module):
         # kept in float32 even in a half-precision model (a longer input extends it)
         self.solution = solution.detach()
         self.fingerprint = self._fingerprint().to(self.fingerprint.device)
-        self._trusted_versions = self._versions()
+        self._solved_from.remember(self.parameters())
 
     def _refresh_for_saving(self):
         """A checkpoint stores the solution of its own parameters, for the longest length
@@ -288,7 +292,7 @@ class FloaterODE(nn.Module):
         stored = state_dict.get(prefix + "solution")
         if stored is not None:  # its length is whatever the saver had solved
             self.solution = torch.zeros(stored.shape, dtype=at_least_float32(stored.dtype), device=self.solution.device)
-            self._trusted_versions = None
+            self._solved_from.forget()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
@@ -346,8 +350,8 @@ class FloaterPositionEncoding(PositionEncoding):
     def solver(self) -> FloaterODE:
         return self.ode if self.side == "encoder" else self._ode[0]
 
-    def begin_forward(self, tokens):
-        super().begin_forward(tokens)
+    def begin_forward(self, tokens, continues=False):
+        super().begin_forward(tokens, continues)
         if self.side == "encoder":
             self.solver.new_forward()
 
@@ -362,7 +366,7 @@ class FloaterPositionEncoding(PositionEncoding):
         """The solution at ``positions`` for every block, gathered once per forward and shared
         by the layers: (B or 1, T, states, H * D)."""
         def gather():
-            return self.solver.positions(pos.k_frame.numel())[positions].to(like.dtype)
+            return self.solver.positions(pos.k_frame.numel(), self._continues)[positions].to(like.dtype)
 
         return self.shared(("floater", role, pos.padded) + pos.key, gather)
 

@@ -1,0 +1,144 @@
+"""Kept position tables never outlive the parameters they were built from.
+
+Schemes keep tables (relative biases, DIET-ABS's P_Q P_K^T, RoPE's angles, FLOATER's solution)
+across no-grad forwards for decoding. fairseq's optimizers write parameters through ``p.data``,
+which bumps no version counter; so do EMA or averaging code that swaps values in memory. Each
+test changes the parameters that way after the tables were kept, then compares the model's
+no-grad forward with a newly built model loaded with the same parameters (the same code path,
+so exactly equal) and with its own grad-mode forward (no kept tables; a bound derived below).
+"""
+import pytest
+import torch
+from fairseq.optim.adam import Adam
+
+from fairseq_posenc.positions import POSITION_ENCODINGS
+from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
+
+ENCODINGS = list(POSITION_ENCODINGS)
+U32 = 2.0**-24  # float32 unit roundoff
+
+
+def _grad_mode_tolerance(log_probs: torch.Tensor) -> float:
+    """Grad-mode and no-grad forwards differ only in rounding: SDPA takes its math kernel for a
+    bias that requires grad, and kept tables are built over 64 positions (FLOATER extends its
+    solution from there). A forward of the toy model is a chain of about 12 roundings of
+    reductions of at most 64 terms (embeddings, 2 + 2 layers of attention and FFN, the output
+    projection and log-softmax); each contributes at most 64 u of the largest magnitude."""
+    return U32 * 64 * 12 * log_probs.abs().max().item()
+
+
+def _model(encoding):
+    return with_strong_positions(build_model("transformer_posenc", "--position-encoding", encoding))
+
+
+def _reloaded(model, encoding):
+    """A newly built model with ``model``'s parameters: nothing kept, nothing shared."""
+    fresh = build_model("transformer_posenc", "--position-encoding", encoding, seed=99)
+    fresh.load_state_dict(model.state_dict())
+    return fresh.eval()
+
+
+def _batch(model):
+    return toy_batch(model.encoder.dictionary, [11, 6, 9], tgt_len=8)
+
+
+def _fairseq_adam_step(model, batch, lr=0.05):
+    """One bare step of fairseq's own Adam (it writes ``p.data``), outside fairseq's trainer."""
+    src, lengths, prev = batch
+    optimizer = Adam(model.parameters(), lr=lr)
+    loss = -full_log_probs(model, src, lengths, prev).gather(-1, torch.roll(prev, -1, 1)[..., None]).mean()
+    loss.backward()
+    optimizer.step()
+
+
+def _keep_tables(model, batch):
+    with torch.no_grad():
+        full_log_probs(model, *batch)
+        incremental_log_probs(model, *batch)
+
+
+def _position_parameters(model):
+    return [p for name, p in model.named_parameters() if "position_encoding" in name or "embed_positions" in name]
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_no_grad_forward_after_a_fairseq_adam_step_uses_current_tables(encoding):
+    model, batch = _model(encoding), None
+    batch = _batch(model)
+    _keep_tables(model, batch)
+    _fairseq_adam_step(model, batch)
+
+    with torch.no_grad():
+        after = full_log_probs(model, *batch)
+        stepwise = incremental_log_probs(model, *batch)
+    fresh = _reloaded(model, encoding)  # state_dict() after the no-grad forwards: it may refresh
+    with torch.no_grad():
+        expected = full_log_probs(fresh, *batch)
+        expected_stepwise = incremental_log_probs(fresh, *batch)
+    assert torch.equal(after, expected)
+    assert torch.equal(stepwise, expected_stepwise)
+
+    grad_mode = full_log_probs(model, *batch).detach()
+    assert (after - grad_mode).abs().max().item() <= _grad_mode_tolerance(grad_mode)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@torch.no_grad()
+def test_kept_tables_follow_values_written_through_data(encoding):
+    """EMA or checkpoint averaging in memory: new values copied into ``p.data``, no optimizer."""
+    model = _model(encoding)
+    batch = _batch(model)
+    _keep_tables(model, batch)
+    g = torch.Generator().manual_seed(3)
+    for p in _position_parameters(model):
+        p.data.copy_(p.data + 0.3 * torch.randn(p.shape, generator=g) * p.data.abs().mean())
+    after = full_log_probs(model, *batch)
+    stepwise = incremental_log_probs(model, *batch)
+    fresh = _reloaded(model, encoding)
+    assert torch.equal(after, full_log_probs(fresh, *batch))
+    assert torch.equal(stepwise, incremental_log_probs(fresh, *batch))
+
+
+@torch.no_grad()
+def test_a_swap_that_keeps_sums_is_seen():
+    """Values permuted between positions keep every sum and sum of squares: the check compares
+    the values themselves."""
+    model = _model("diet_rel")
+    batch = _batch(model)
+    _keep_tables(model, batch)
+    weight = model.encoder.position_encoding.weight
+    weight.data.copy_(weight.data.flip(-1))
+    assert torch.equal(full_log_probs(model, *batch), full_log_probs(_reloaded(model, "diet_rel"), *batch))
+
+
+@torch.no_grad()
+def test_tables_are_checked_once_per_decode_not_every_step(monkeypatch):
+    """The values are compared at the first step of a decode only; later steps reuse the cache
+    (fairseq's cached keys and values are of the first step's parameters too)."""
+    from fairseq_posenc.positions import kept
+
+    model = _model("t5")
+    batch = _batch(model)
+    calls = []
+    real = kept.KeptFrom.still_current
+    monkeypatch.setattr(kept.KeptFrom, "still_current",
+                        lambda self, tensors, contents=True: calls.append(contents) or real(self, tensors, contents))
+    encoder_out = model.encoder(batch[0], batch[1])
+    state = {}
+    for t in range(batch[2].size(1)):
+        model.decoder(batch[2][:, : t + 1], encoder_out, incremental_state=state)
+    # the encoder and the first decoding step compare values; the 7 later steps do not
+    assert calls == [True, True] + [False] * 7
+
+
+def test_every_optimizer_step_is_counted_fairseq_adam_included():
+    from fairseq_posenc.update_hooks import optimizer_steps
+
+    p = torch.nn.Parameter(torch.ones(3))
+    optimizer = Adam([p], lr=0.1)
+    p.grad = torch.ones(3)
+    before = optimizer_steps()
+    optimizer.step()
+    optimizer.step()
+    assert optimizer_steps() == before + 2
+    assert p._version == 0  # fairseq's Adam wrote through p.data: the version counter cannot tell
