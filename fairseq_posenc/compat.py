@@ -29,7 +29,9 @@ def _checkpoint_globals():
 
     torch >= 2.6 loads with ``weights_only=True`` by default and refuses any class not on its
     allow-list. fairseq stores its config as an ``argparse.Namespace`` (legacy models) or as
-    omegaconf containers (older checkpoints), and metric values as numpy scalars. Allow-listing
+    omegaconf containers (older checkpoints), metric values as numpy scalars, and with
+    ``--eval-bleu`` the BLEU n-gram counts of its validation meters as numpy arrays (without
+    these, such a checkpoint can be neither resumed nor decoded). Allow-listing
     these keeps torch's safe unpickler on for everything else, unlike
     ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` or ``weights_only=False``.
     """
@@ -51,6 +53,8 @@ def _checkpoint_globals():
         builtins.int,
         collections.defaultdict,
         np._core.multiarray.scalar,
+        np._core.multiarray._reconstruct,
+        np.ndarray,
         np.dtype,
         *numpy_dtypes,
     ]

@@ -20,12 +20,14 @@ def without_allow_list():
 
 def _fairseq_like_checkpoint(path):
     # What fairseq pickles: a Namespace config (legacy models), omegaconf containers (older
-    # checkpoints) and numpy metric values, next to the tensors.
+    # checkpoints) and numpy metric values, next to the tensors; with --eval-bleu, the BLEU
+    # n-gram counts of the validation meters are numpy arrays.
     state = {
         "args": argparse.Namespace(arch="transformer_posenc", lr=[0.0005]),
         "cfg": OmegaConf.create({"model": {"arch": "transformer"}, "optimization": {"lr": [0.1]}}),
         "model": {"w": torch.arange(6.0).view(2, 3)},
-        "extra_state": {"best": np.float64(1.25), "epoch": np.int64(3)},
+        "extra_state": {"best": np.float64(1.25), "epoch": np.int64(3),
+                        "metrics": {"valid": {"_bleu_counts": np.array([40, 30, 20, 10])}}},
     }
     torch.save(state, path)
 
@@ -43,6 +45,7 @@ def test_compat_loads_fairseq_checkpoints_with_safe_loading_on(tmp_path, without
     assert state["args"].arch == "transformer_posenc"
     assert state["cfg"].optimization.lr == [0.1]
     assert state["extra_state"]["best"] == 1.25
+    assert state["extra_state"]["metrics"]["valid"]["_bleu_counts"].tolist() == [40, 30, 20, 10]
     assert torch.equal(state["model"]["w"], torch.arange(6.0).view(2, 3))
 
 
