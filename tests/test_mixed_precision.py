@@ -6,6 +6,7 @@ trainer does (``model.half()`` / ``model.bfloat16()``). A half-precision model's
 compared with the float32 computation on the same parameter values (the float32 model's
 parameters are rounded to bfloat16 first), cast: they must be equal to the last bit.
 """
+import argparse
 import copy
 import math
 
@@ -16,6 +17,7 @@ from torchdiffeq import odeint
 from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions, PositionEncoding
 from fairseq_posenc.positions.alibi import ALiBi
 from fairseq_posenc.positions.floater import FloaterODE
+from tolerances import assert_within
 from toy import build_model, toy_batch, with_strong_positions
 
 
@@ -34,6 +36,7 @@ def _loss(model, batch):
     return -lprobs.gather(-1, target[..., None]).mean()
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("encoding", list(POSITION_ENCODINGS))
 def test_every_encoding_trains_in_half_precision_with_finite_losses(encoding, dtype):
@@ -44,8 +47,10 @@ def test_every_encoding_trains_in_half_precision_with_finite_losses(encoding, dt
     exact, loss = _loss(reference, batch), _loss(half, batch)
     loss.backward()
     assert math.isfinite(loss.item())
-    # the whole network runs in half precision (8 or 11 bits of mantissa), not only the positions
-    assert loss.item() == pytest.approx(exact.item(), rel=2e-2)
+    # the whole network runs in half precision (8 or 11 bits of mantissa), not only the positions:
+    # a check that half-precision training is close, 2% of the loss (not derived: counted as in
+    # tests/tolerances.py, ~70 roundings of bfloat16 in a row would allow +-50%)
+    assert_within(loss.detach(), exact.detach(), 2e-2 * abs(exact.item()), "loss")
     grads = {name: p.grad for name, p in half.named_parameters()}
     assert all(torch.isfinite(g).all() for g in grads.values() if g is not None)
     # every position parameter receives a gradient, and not an all-zero one
@@ -71,6 +76,7 @@ def test_the_attention_biases_are_found_in_the_registry():
     assert not {"sinusoidal", "learned", "rope", "floater"} & set(BIASED)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("encoding", BIASED)
 def test_a_bfloat16_models_bias_is_the_float32_bias_cast(encoding):
     model = with_strong_positions(_rounded_to(build_model("transformer_posenc", "--position-encoding", encoding),
@@ -84,6 +90,7 @@ def test_a_bfloat16_models_bias_is_the_float32_bias_cast(encoding):
     assert torch.equal(got.to(torch.bfloat16), exact.to(torch.bfloat16))
 
 
+@pytest.mark.numerics
 def test_shaws_value_term_pools_the_probabilities_in_float32():
     model = with_strong_positions(build_model("transformer_posenc", "--position-encoding", "shaw"))
     _rounded_to(model, torch.bfloat16)
@@ -98,9 +105,11 @@ def test_shaws_value_term_pools_the_probabilities_in_float32():
     assert torch.equal(got, exact.bfloat16())
 
 
+@pytest.mark.numerics
 def test_alibi_in_bfloat16_equals_the_float32_bias_cast_where_bfloat16_arithmetic_would_not():
-    # 12 heads: slopes 2^(-k/2) that bfloat16 cannot hold exactly
-    scheme = ALiBi(None, "encoder", 1, 12, 8)
+    # 12 heads: slopes 2^(-k/2) that bfloat16 cannot hold exactly; the symmetric form, whose
+    # every entry is finite, so that the comparison below covers every head and offset
+    scheme = ALiBi(argparse.Namespace(alibi_encoder="symmetric"), "encoder", 1, 12, 8)
     half = copy.deepcopy(scheme).bfloat16()
     with torch.no_grad():
         exact = _bias(scheme, 600)
@@ -112,6 +121,7 @@ def test_alibi_in_bfloat16_equals_the_float32_bias_cast_where_bfloat16_arithmeti
     assert (in_bf16.float() - exact[0]).abs().max().item() > 2.0
 
 
+@pytest.mark.numerics
 def test_floaters_ode_is_solved_in_float32_in_a_bfloat16_model():
     torch.manual_seed(0)
     ode = FloaterODE(num_states=3, dim=8, hidden=8, dt=0.1, solver="euler", step=0.1, adjoint=False)
@@ -137,6 +147,7 @@ def test_floaters_ode_is_solved_in_float32_in_a_bfloat16_model():
     assert error > 3 * neighbours
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("solver, adjoint", [("midpoint", False), ("dopri5", False), ("rk4", True)])
 def test_torchdiffeqs_solvers_stay_in_float32_under_autocast(solver, adjoint):
     """The solvers other than FLOATER's own rk4 (and rk4 with --floater-adjoint) run on

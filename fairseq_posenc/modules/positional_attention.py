@@ -174,9 +174,17 @@ class PositionalAttention(MultiheadAttention):
         weights = None
         if need_weights or value_terms:
             logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+            blocked = None
             if mask is not None:
-                logits = logits + mask
+                # Rows whose every key is masked (a pad query of a head that sees one side,
+                # ALiBi's split encoder): softmax would give NaN there, SDPA gives 0. Zero
+                # logits keep NaN out of the softmax and its backward; only the mask decides
+                # which rows, so a NaN from diverging logits still shows everywhere else.
+                blocked = torch.isneginf(mask).all(dim=-1, keepdim=True)
+                logits = (logits + mask).masked_fill(blocked, 0.0)
             weights = utils.softmax(logits, dim=-1)  # float32, as fairseq
+            if blocked is not None:
+                weights = weights.masked_fill(blocked, 0.0)
             probs = self.dropout_module(weights.type_as(logits))
             out = torch.matmul(probs, v)
             for term in value_terms:
