@@ -23,6 +23,17 @@ void check(const at::Tensor& t, const char* name) {
               " must be a contiguous float32 CPU tensor");
 }
 
+// The loops index raw memory with sizes taken from one argument (u forward, rs backward) and the
+// step count: an argument of any other size would be read or written out of bounds, not refused.
+void check_size(const at::Tensor& t, const char* name, at::IntArrayRef expected) {
+  TORCH_CHECK(t.sizes() == expected, name, " has size ", t.sizes(), " but must be ", expected);
+}
+
+// torch.relu's: NaN < 0 is false, so a NaN passes on (as it does through the Python loops and
+// torchdiffeq) instead of silently killing the unit and hiding from fairseq's check of the
+// gradients; -0 stays -0 as well.
+inline float relu(float v) { return v < 0.f ? 0.f : v; }
+
 // out (rows x cols) = beta out + x (rows x cols) m, with m (cols x cols) or a transposed view of
 // it. Through torch's own mm: a direct BLAS call (sgemm_) was measured stalling in its threads for
 // seconds on a loaded machine.
@@ -45,7 +56,7 @@ void relu_shift(float* out, const float* u, const float* x, float alpha, const f
     for (int64_t j = 0; j < cols; ++j) {
       float v = x ? u[o + j] + x[o + j] * alpha : u[o + j];
       v = v + b[j];
-      out[o + j] = v > 0.f ? v : 0.f;
+      out[o + j] = relu(v);
     }
   }
 }
@@ -58,12 +69,21 @@ void relu_shift(float* out, const float* u, const float* x, float alpha, const f
 // rho (N, states, hidden).
 void forward_steps(at::Tensor u, const at::Tensor& bias1, const at::Tensor& c, const at::Tensor& m,
                    const std::vector<double>& dts, at::Tensor rs, at::Tensor rho) {
-  for (auto* t : {&u, &rs, &rho}) check(*t, "u, rs and rho");
+  check(u, "u");
   check(bias1, "bias1");
   check(c, "c");
   check(m, "m");
+  check(rs, "rs");
+  check(rho, "rho");
+  TORCH_CHECK(u.dim() == 2, "u must be 2-D (states, hidden), got ", u.sizes());
   const int64_t n = static_cast<int64_t>(dts.size()), states = u.size(0), hidden = u.size(1);
   const int64_t size = states * hidden;
+  check_size(bias1, "bias1", {n, 4, hidden});
+  check_size(c, "c", {n, 4, hidden});
+  check_size(m, "m", {hidden, hidden});
+  // every step's evaluations, or (nothing kept for a backward) one step's, overwritten
+  check_size(rs, "rs", {rs.dim() > 0 && rs.size(0) == 1 ? 1 : n, 4, states, hidden});
+  check_size(rho, "rho", {n, states, hidden});
   const bool store = rs.size(0) == n;
   std::vector<float> q(4 * size), step(size);
   float* U = u.data_ptr<float>();
@@ -117,9 +137,19 @@ at::Tensor backward_steps(const at::Tensor& rs, const at::Tensor& grad_rho, cons
   check(rs, "rs");
   check(grad_rho, "grad_rho");
   check(m, "m");
-  for (auto* t : {&grad_m, &grad_c, &grad_b1}) check(*t, "grad_m, grad_c and grad_b1");
-  const int64_t n = rs.size(0), states = rs.size(2), hidden = rs.size(3), size = states * hidden;
-  TORCH_CHECK(static_cast<int64_t>(dts.size()) == n, "one step size per stored step");
+  check(grad_m, "grad_m");
+  check(grad_c, "grad_c");
+  check(grad_b1, "grad_b1");
+  TORCH_CHECK(rs.dim() == 4, "rs must be 4-D (steps, 4, states, hidden), got ", rs.sizes());
+  const int64_t n = static_cast<int64_t>(dts.size()), states = rs.size(2), hidden = rs.size(3);
+  const int64_t size = states * hidden;
+  check_size(rs, "rs", {n, 4, states, hidden});
+  check_size(grad_rho, "grad_rho", {n, states, hidden});
+  check_size(m, "m", {hidden, hidden});
+  check_size(grad_m, "grad_m", {hidden, hidden});
+  check_size(grad_c, "grad_c", {n, 4, hidden});
+  check_size(grad_b1, "grad_b1", {n, 4, hidden});
+  TORCH_CHECK(chunk > 0 || n == 0, "chunk must be positive, got ", chunk);  // steps i % chunk
   chunk = std::min(chunk, n);
   at::NoGradGuard no_grad;
   at::Tensor g_q = at::empty({chunk, 4, states, hidden}, rs.options());  // on each q
@@ -150,7 +180,9 @@ at::Tensor backward_steps(const at::Tensor& rs, const at::Tensor& grad_rho, cons
       const float beta = static_cast<float>(h * kWeights[stage]);
       std::copy(g_rho, g_rho + size, g_r.begin());
       matmul(g_r.data(), GQ[stage], mt, states, hidden, beta);
-      for (int64_t e = 0; e < size; ++e) GP[stage][e] = R[stage][e] > 0.f ? g_r[e] : 0.f;
+      // torch's relu backward (threshold_backward): 0 where relu(p) <= 0, which a NaN is not,
+      // so its gradient passes as through the Python loops
+      for (int64_t e = 0; e < size; ++e) GP[stage][e] = R[stage][e] <= 0.f ? 0.f : g_r[e];
     };
     const float h8 = static_cast<float>(h * 0.125), h38 = static_cast<float>(h * 0.375), hf = static_cast<float>(h);
     // p2 = u + h q1 / 3, p3 = u + h (q2 - q1 / 3), p4 = u + h (q1 - q2 + q3)
@@ -177,6 +209,7 @@ at::Tensor backward_steps(const at::Tensor& rs, const at::Tensor& grad_rho, cons
 // Running sums along the first dimension: out[i] = x[0] + ... + x[i] (from the end with reverse).
 at::Tensor running_sums(const at::Tensor& x, bool reverse) {
   check(x, "x");
+  TORCH_CHECK(x.dim() > 0, "x must have a first dimension to sum along, got ", x.sizes());
   at::Tensor out = at::empty_like(x);
   const int64_t n = x.size(0), row = n ? x.numel() / n : 0;
   const float* X = x.data_ptr<float>();
