@@ -8,16 +8,21 @@ One implementation for ``make demo``, ``recipes/extrapolation/run.sh`` and
 detokenized text on the target side), all decoded from one test set.
 
 How seeds and the bootstrap combine: the resampled unit is the test *sentence*, and each drawn
-sentence brings the translations of every seed of a model (its sacrebleu sufficient statistics
-summed over seeds, so a resample's score is the corpus BLEU of the seeds' outputs concatenated).
-Resampling the rows of the concatenation one by one would count one sentence's k translations as
-k independent test items and narrow the interval by about sqrt(k), as if the test set were k
-times larger; seeds add no test sentences. The interval therefore says how sure we are given
-the test set (with the training noise of one seed averaged over the seeds run); the spread
-*between* seeds is reported beside it as the standard deviation, and a difference is only worth
-reading when it is large against both.
+sentence brings the translations of every seed of a model. Resampling the seeds' translations
+one by one would count one sentence's k translations as k independent test items and narrow the
+interval by about sqrt(k), as if the test set were k times larger; seeds add no test sentences.
+That interval says how sure we are given the test set, not given training: two seeds of one
+model differ by more than it often enough that a * from it is no finding (an A/A test on a real
+En-De corpus starred 2 of 5 bins). So with several seeds per model the reported difference is
+that of the mean BLEU over seeds, and its interval adds the spread between seeds to the
+sentence bootstrap, as the standard error of a difference of seed means with Student's t
+(``with_seed_variance``, which says why not a bootstrap over seeds). The earlier sentence-only
+statistic (BLEU of all seeds' outputs concatenated, percentile interval) stays in the JSON as
+``sentences_only``. With one seed nothing estimates the spread between seeds: the interval is
+the sentence-only one, and the table marks each of its stars with a dagger and the JSON each
+comparison with ``seed_variance_included: false`` and a caveat.
 
-With one seed, the resampling is exactly sacrebleu's paired bootstrap (``sacrebleu.significance``,
+The sentence resampling is exactly sacrebleu's paired bootstrap (``sacrebleu.significance``,
 ``_paired_bs_test``: the same generator, seed and draw of indices, its p-value function), which
 the tests check against ``sacrebleu.significance.PairedTest``; it is done here rather than by
 calling ``PairedTest`` because that one neither returns the interval of the *difference* nor
@@ -27,6 +32,7 @@ import json
 import math
 import os
 import re
+import statistics
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -65,7 +71,8 @@ def paired_bootstrap(baseline_stats: np.ndarray, system_stats: np.ndarray, metri
     """``*_stats``: (sentences, statistics) sacrebleu sufficient statistics, one row per test
     sentence (summed over seeds). Returns the difference system - baseline of the corpus
     scores, its 95% interval over ``n_samples`` paired resamples of the sentences, sacrebleu's
-    p-value for that difference, and the system's own 95% interval."""
+    p-value for that difference, the standard deviation of the resampled differences (``sd``)
+    and the system's own 95% interval."""
     from sacrebleu.significance import _compute_p_value
 
     n = len(system_stats)
@@ -84,7 +91,105 @@ def paired_bootstrap(baseline_stats: np.ndarray, system_stats: np.ndarray, metri
     sys_low, sys_high = _interval(scores_sys)
     return {"difference": real_sys - real_bl, "low": low, "high": high, "p_value": p_value,
             "significant": bool(low > 0 or high < 0), "score": real_sys, "score_low": sys_low,
-            "score_high": sys_high}
+            "score_high": sys_high, "sd": float(np.std(scores_sys - scores_bl, ddof=1))}
+
+
+SENTENCES_ONLY = "sentences only (paired bootstrap)"
+SENTENCES_AND_SEEDS = "sentences and seeds (Welch t)"
+ONE_SEED_CAVEAT = ("one seed per model: the interval is the test set's noise only, seed variance is not included; "
+                   "two seeds of one model can differ by this much")
+
+
+def compare_seeds(baseline_seeds: Sequence[np.ndarray], system_seeds: Sequence[np.ndarray], metric,
+                  n_samples: int = N_BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> Dict:
+    """The system's difference from the baseline when each was trained with one or more seeds:
+    ``*_seeds`` hold one (sentences, statistics) array of sacrebleu statistics per seed. Returns
+    ``with_seed_variance``'s result, as the report's ``vs_baseline``."""
+    base = [np.asarray(s, dtype="float64") for s in baseline_seeds]
+    system = [np.asarray(s, dtype="float64") for s in system_seeds]
+    test = paired_bootstrap(sum(base), sum(system), metric, n_samples, seed)
+    mean_sd = seed_mean_bootstrap_sd(base, system, metric, n_samples, seed) if min(len(base), len(system)) > 1 else None
+    return with_seed_variance(test, [metric._compute_score_from_stats(s.sum(0)).score for s in system],
+                              [metric._compute_score_from_stats(s.sum(0)).score for s in base], mean_sd)
+
+
+def seed_mean_bootstrap_sd(baseline_seeds: Sequence[np.ndarray], system_seeds: Sequence[np.ndarray], metric,
+                           n_samples: int = N_BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> float:
+    """Standard deviation, over paired resamples of the test sentences, of the difference of the
+    two models' mean per-seed scores: each resample draws sentences once (``paired_bootstrap``'s
+    draws) and scores every seed's translations of them, so a sentence's translations by the k
+    seeds stay one test item."""
+    n = len(system_seeds[0])
+    idxs = np.random.default_rng(seed).choice(n, size=(n_samples, n), replace=True)
+    # how often each sentence is drawn: one matrix product sums a resample's statistics, exactly
+    # (integer counts), without materialising (n_samples, sentences, statistics) per seed
+    counts = np.stack([np.bincount(row, minlength=n) for row in idxs]).astype("float64")
+
+    def mean_scores(seeds):
+        return np.mean([[metric._compute_score_from_stats(sums).score for sums in counts @ np.asarray(stats, "float64")]
+                        for stats in seeds], axis=0)
+
+    return float(np.std(mean_scores(system_seeds) - mean_scores(baseline_seeds), ddof=1))
+
+
+def with_seed_variance(test: Dict, system_scores: Sequence[float], baseline_scores: Sequence[float],
+                       mean_sd: Optional[float] = None) -> Dict:
+    """``test``: ``paired_bootstrap`` of the two models' statistics pooled over seeds;
+    ``*_scores``: each seed's own corpus score; ``mean_sd``: ``seed_mean_bootstrap_sd`` (needed
+    with two or more seeds a side). Returns the keys of ``vs_baseline`` in the report.
+
+    With several seeds the difference is that of the mean per-seed scores (the means the table
+    shows; BLEU of the seeds' outputs pooled can differ from it by several points where seeds
+    differ in output length, the brevity penalty being convex). Its 95% interval adds the two
+    sources of noise: the test set's, as the variance of that difference over paired resamples
+    of the sentences (``mean_sd``), and the training run's, as the spread of the per-seed scores,
+    s_sys^2 / k_sys + s_base^2 / k_base (the squared standard error of a difference of two means
+    of k seeds). The interval is d +- t * sqrt(sum), t from Student's t with the
+    Welch-Satterthwaite degrees of freedom of the seed terms (the bootstrap term counts as
+    known), so that 2 or 3 seeds, whose spread is itself uncertain, give the wide interval they
+    should; the p-value is the t test's.
+
+    Why not sentences only: seeds of one model then come out "significant" against each other
+    whenever the spread between training runs exceeds the test set's noise (in simulated A/A
+    tests, 3 seeds against 3 of one model, one trial in five to one in three instead of one in
+    twenty; tests/test_study_report.py). Why not resample the seeds as well as the sentences (a
+    two-level bootstrap): a resample of k seeds out of k underestimates their variance by
+    (k - 1) / k and has no small-sample correction; in the same simulation, with 2 seeds a side
+    whose spread was twice the test noise, it starred 30 of 300 A/A trials (15 expected, above
+    28 too many at the 99.9% level) where this interval starred 15; with 3 seeds, 18 against
+    11. The two terms are also reported apart (``bootstrap_sd``, ``seed_se``), so a reader sees
+    which noise dominates. They overlap in the seed-by-sentence interaction (a seed's luck on
+    particular sentences), which makes the interval somewhat conservative.
+
+    With one seed on either side the spread between seeds cannot be estimated: the result is
+    the sentence-only bootstrap (sacrebleu's), with ``seed_variance_included`` false and a
+    caveat. ``sentences_only`` is that bootstrap in either case: the pooled difference and its
+    percentile interval, what the report gave before seeds were accounted for."""
+    from scipy import stats as scipy_stats
+
+    sentences_only = {k: test[k] for k in ("difference", "low", "high", "p_value", "significant")}
+    if min(len(system_scores), len(baseline_scores)) < 2:
+        return {**sentences_only, "sentences_only": sentences_only, "bootstrap_sd": test["sd"],
+                "interval": SENTENCES_ONLY, "seed_variance_included": False, "caveat": ONE_SEED_CAVEAT}
+    if mean_sd is None:
+        raise ValueError("with two or more seeds a side, with_seed_variance needs mean_sd (seed_mean_bootstrap_sd)")
+    # statistics.variance is exact (rational arithmetic): seeds that score alike have no spread
+    terms = [statistics.variance(scores) / len(scores) for scores in (system_scores, baseline_scores)]
+    se = math.sqrt(mean_sd ** 2 + sum(terms))
+    weight = sum(t ** 2 / (len(scores) - 1) for t, scores in zip(terms, (system_scores, baseline_scores)))
+    dof = se ** 4 / weight if weight > 0 else math.inf
+    d = statistics.fmean(system_scores) - statistics.fmean(baseline_scores)
+    if se == 0:  # identical outputs: nothing varies
+        low = high = d
+        p_value = 1.0 if d == 0 else 0.0
+    else:
+        half = float(scipy_stats.t.ppf(0.975, dof)) * se
+        low, high = d - half, d + half
+        p_value = float(2 * scipy_stats.t.sf(abs(d) / se, dof))
+    return {"difference": d, "low": low, "high": high, "p_value": p_value, "significant": bool(low > 0 or high < 0),
+            "sentences_only": sentences_only, "bootstrap_sd": mean_sd, "seed_se": math.sqrt(sum(terms)),
+            "degrees_of_freedom": dof if math.isfinite(dof) else None, "interval": SENTENCES_AND_SEEDS,
+            "seed_variance_included": True}
 
 
 def _interval(samples: np.ndarray):
@@ -124,11 +229,11 @@ def build_report(runs: Dict[str, List], edges: Sequence[int], unit: str, baselin
             report["bins"].append({"bin": b.name, "low": b.low, "sentences": len(picked)})
     if not bins:
         raise ValueError(f"no test sentence falls in the bins {[b.name for b in make_bins(edges)]}")
-    pooled = {}  # (model, bin) -> per-sentence BLEU statistics summed over seeds
+    seed_stats = {}  # (model, bin) -> each seed's per-sentence BLEU statistics
     for model, generations in runs.items():
         rows = []
         for b, picked in bins:
-            per_seed, summed = [], None
+            per_seed, stats_of_seeds = [], []
             for gen in generations:
                 hyps = [gen.hypotheses[i] for i in picked]
                 refs = [[gen.references[i] for i in picked]]
@@ -137,20 +242,29 @@ def build_report(runs: Dict[str, List], edges: Sequence[int], unit: str, baselin
                 per_seed.append({"bleu": score.score, "chrf": chrf.corpus_score(hyps, refs).score,
                                  "ratio": score.sys_len / score.ref_len if score.ref_len else 0.0,
                                  "sys_len": score.sys_len, "ref_len": score.ref_len})
-                summed = stats if summed is None else summed + stats
-            pooled[model, b.name] = summed
+                stats_of_seeds.append(stats)
+            seed_stats[model, b.name] = stats_of_seeds
             row = {"bin": b.name, "low": b.low, "sentences": len(picked), "seeds": per_seed}
             for key in ("bleu", "chrf", "ratio"):
                 row[key], row[key + "_std"] = _mean_std([s[key] for s in per_seed])
             rows.append(row)
         report["models"][model] = rows
     for model, rows in report["models"].items():
-        for row in rows:
-            test = paired_bootstrap(pooled[baseline, row["bin"]], pooled[model, row["bin"]], bleu, n_samples)
+        for row, base_row in zip(rows, report["models"][baseline]):
+            base, system = seed_stats[baseline, row["bin"]], seed_stats[model, row["bin"]]
+            test = paired_bootstrap(sum(base), sum(system), bleu, n_samples)
             row["pooled_bleu"] = test["score"]
             row["pooled_bleu_interval"] = [test["score_low"], test["score_high"]]
             if model != baseline:
-                row["vs_baseline"] = {k: test[k] for k in ("difference", "low", "high", "p_value", "significant")}
+                several = min(len(base), len(system)) > 1
+                row["vs_baseline"] = with_seed_variance(
+                    test, [s["bleu"] for s in row["seeds"]], [s["bleu"] for s in base_row["seeds"]],
+                    seed_mean_bootstrap_sd(base, system, bleu, n_samples) if several else None)
+    tests = _comparisons(report)
+    report["significance"] = {"intervals": sorted({t["interval"] for t in tests}),
+                              "seed_variance_included": all(t["seed_variance_included"] for t in tests)}
+    if not report["significance"]["seed_variance_included"]:
+        report["significance"]["caveat"] = ONE_SEED_CAVEAT
     report["signature"] = str(bleu.get_signature())
     report["chrf_signature"] = str(chrf.get_signature())
     return report
@@ -172,8 +286,8 @@ def markdown(report: Dict) -> str:
         text = f"{row['bleu']:.1f} ± {row['bleu_std']:.1f}" if n_seeds > 1 else f"{row['bleu']:.1f}"
         test = row.get("vs_baseline")
         if test:
-            text += (f" ({test['difference']:+.1f} [{test['low']:+.1f}, {test['high']:+.1f}]"
-                     f"{'*' if test['significant'] else ''})")
+            mark = ("*" + ("" if test["seed_variance_included"] else "†")) if test["significant"] else ""
+            text += f" ({test['difference']:+.1f} [{test['low']:+.1f}, {test['high']:+.1f}]{mark})"
         return text
 
     lines = ["| " + " | ".join(header) + " |", rule]
@@ -181,9 +295,7 @@ def markdown(report: Dict) -> str:
         lines.append("| " + " | ".join([model] + [cell(rows, b["bin"], bleu_cell) for b in report["bins"]]) + " |")
     spread = f"mean ± std over {n_seeds} seeds" if n_seeds > 1 else "one seed"
     lines += ["", f"SacreBLEU per bin of source length in {unit} ({spread}; n = sentences). In brackets: the "
-                  f"difference from {baseline} (BLEU of all seeds' outputs pooled) and its paired bootstrap 95% "
-                  f"interval ({report['bootstrap']['samples']} resamples of the test sentences); "
-                  f"* where the interval excludes 0. {report['signature']}", ""]
+                  f"difference from {baseline} and " + significance_legend(report) + f" {report['signature']}", ""]
     lines += ["| " + " | ".join(["encoding"] + [b["bin"] for b in report["bins"]]) + " |",
               "|" + "---|" * (len(report["bins"]) + 1)]
     for model, rows in report["models"].items():
@@ -194,6 +306,33 @@ def markdown(report: Dict) -> str:
     if report.get("footer"):
         lines += ["", report["footer"]]
     return "\n".join(lines) + "\n"
+
+
+def _comparisons(report: Dict) -> List[Dict]:
+    return [row["vs_baseline"] for rows in report["models"].values() for row in rows if "vs_baseline" in row]
+
+
+def significance_legend(report: Dict) -> str:
+    """What the interval in brackets covers and what a * says, for the table's caption: with
+    one seed, that a * is the test set's noise only (a dagger beside each such *)."""
+    tests = _comparisons(report)
+    samples = report["bootstrap"]["samples"]
+    with_seeds = any(t["seed_variance_included"] for t in tests)
+    one_seed = any(not t["seed_variance_included"] for t in tests)
+    parts = []
+    if with_seeds:
+        parts.append(f"{'with several seeds, ' if one_seed else ''}its 95% interval: the difference of the means "
+                     f"over seeds, with the spread between training seeds (the per-seed BLEU of both models, "
+                     f"Student's t with Welch's degrees of freedom) added to the test set's noise (paired "
+                     f"bootstrap, {samples} resamples of the test sentences); * where it excludes 0, a difference "
+                     f"larger than retraining and another test set would be expected to make.")
+    if one_seed:
+        parts.append(f"{'With one seed, the difference and ' if with_seeds else ''}its paired bootstrap 95% "
+                     f"interval ({samples} resamples of the test sentences), *† where it excludes 0. † One seed per model: the "
+                     f"interval is the test set's noise only, SEED VARIANCE IS NOT INCLUDED; a *† says the "
+                     f"difference exceeds what another test set would make, not what retraining would "
+                     f"(two seeds of one model can differ this much): run several seeds.")
+    return " ".join(parts) if parts else "no comparison."
 
 
 def write_report(report: Dict, out_prefix: str, title: str = "") -> Dict[str, str]:
@@ -265,21 +404,36 @@ def _limits(max_len_a: float, max_len_b: int, length: int, max_positions: int = 
     return allowed, int(1.5 * length + 10)
 
 
+def first_cut_length(max_len_a: float, max_len_b: int, longest_source: int, max_positions: int = None):
+    """The shortest source length L <= ``longest_source`` whose limit allows fewer than 1.5*L + 10
+    target tokens, or None. Every length is checked: the two sides are lines in L only before
+    ``int()`` rounds them, and the rounded ones can cross between the ends (a = 1.2, b = 11 allows
+    11 >= 10 at L = 0 and 17 >= 17 at L = 5, but 15 < 16 at L = 4)."""
+    for length in range(longest_source + 1):
+        allowed, needed = _limits(max_len_a, max_len_b, length, max_positions)
+        if allowed < needed:
+            return length
+    return None
+
+
 def decoding_limit_ok(max_len_a: float, max_len_b: int, longest_source: int, max_positions: int = None) -> bool:
-    """a*L + b >= 1.5*L + 10 for every source length L up to the longest: both sides are lines in
-    L, so checking the two ends suffices (the positions cap only matters at the longest)."""
-    return all(allowed >= needed for allowed, needed in (
-        _limits(max_len_a, max_len_b, 0, max_positions), _limits(max_len_a, max_len_b, longest_source, max_positions)))
+    """int(a*L + b) >= int(1.5*L + 10) (and the positions cap) for every source length L from 0
+    to the longest."""
+    return first_cut_length(max_len_a, max_len_b, longest_source, max_positions) is None
 
 
 def decoding_limit_note(max_len_a: float, max_len_b: int, longest_source: int, max_positions: int = None,
                         what: str = "fairseq-generate") -> str:
     """One line for the report's footer: whether the decoding limit (fairseq: at most
     ``a * source length + b`` target tokens, and fewer than the model's positions) allows
-    1.5x the longest source plus 10, so that it is not what shortens a long output."""
+    1.5x + 10 at every source length up to the longest, so that it is not what shortens a long
+    output; where it fails first at a shorter length, the line names that length."""
     allowed, needed = _limits(max_len_a, max_len_b, longest_source, max_positions)
-    ok = decoding_limit_ok(max_len_a, max_len_b, longest_source, max_positions)
-    verdict = "outputs that long are not cut" if ok else "LONG OUTPUTS MAY HAVE BEEN CUT BY IT"
+    cut = first_cut_length(max_len_a, max_len_b, longest_source, max_positions)
+    verdict = "outputs that long are not cut" if cut is None else "LONG OUTPUTS MAY HAVE BEEN CUT BY IT"
+    if cut is not None and cut != longest_source:
+        cut_allowed, cut_needed = _limits(max_len_a, max_len_b, cut, max_positions)
+        verdict += f" (first at a source of {cut} tokens: {cut_allowed} allowed, {cut_needed} needed)"
     return (f"Decoding limit: {what} --max-len-a {max_len_a:g} --max-len-b {max_len_b}"
             + (f", {max_positions} positions" if max_positions is not None else "")
             + f" allow {allowed} target tokens for the longest source ({longest_source} tokens), "

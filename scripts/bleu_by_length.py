@@ -1,19 +1,28 @@
 #!/usr/bin/env python
 """The length-generalisation report for one or more models, each decoded once per training seed:
 per bin of source length SacreBLEU, chrF, the length ratio hyp/ref and the sentences, as mean ±
-std over seeds, with a paired bootstrap 95% interval of each model's BLEU difference from a
-baseline; a Markdown table, JSON, and a two-panel plot (BLEU, length ratio).
+std over seeds, with a 95% interval of each model's BLEU difference from a baseline; a Markdown
+table, JSON, and a two-panel plot (BLEU, length ratio).
 
     python scripts/bleu_by_length.py --generation sinusoidal=gen.sin.s1.txt,gen.sin.s2.txt \\
-        t5=gen.t5.s1.txt,gen.t5.s2.txt --baseline sinusoidal --out results/length \\
-        [--bins 80 100 120 140] [--unit subwords] [--decoding-log gen.sin.s1.log ...]
+        t5=gen.t5.s1.txt,gen.t5.s2.txt none=gen.none.s1.txt,gen.none.s2.txt --baseline sinusoidal \\
+        --out results/length [--bins 80 100 120 140] [--unit subwords] [--decoding-log gen.sin.s1.log ...]
 
 Each generation file is the output of ``fairseq-generate`` (its S-, T- and H- lines), one per seed
 (comma-separated, the same seeds in the same order for every model); the bins are over the source
-as it prints it (pass --remove-bpe to fairseq-generate to count words). The report's footer says
-whether fairseq-generate's --max-len-a/-b allowed 1.5x the longest source plus 10 target tokens:
-it reads them from the config line of fairseq-generate's log (its stderr; the demo's generation
-files hold it), given with --decoding-log or found in the generation files themselves.
+as it prints it (pass --remove-bpe to fairseq-generate to count words). Give a model trained with
+``--position-encoding none`` too: it is the floor that tells what any position information buys.
+
+The interval (fairseq_posenc/study_report.py) is the paired bootstrap over test sentences; with
+two or more seeds per model the difference is that of the mean BLEU over seeds and its interval
+also covers the spread between seeds (Welch's t on the per-seed BLEU). With one seed it cannot,
+and the report marks each of its stars with a dagger that says so: two seeds of one model can
+differ by more than the test set's noise.
+
+The report's footer says whether fairseq-generate's --max-len-a/-b allowed 1.5x + 10 target
+tokens at every source length up to the longest: it reads them from the config line of
+fairseq-generate's log (its stderr; the demo's generation files hold it), given with
+--decoding-log or found in the generation files themselves.
 """
 import argparse
 import logging
@@ -41,7 +50,7 @@ def main(argv=None):
     parser.add_argument("--unit", default="words", help="what the source's space-separated tokens are")
     parser.add_argument("--title", default="", help="plot title")
     parser.add_argument("--bootstrap-samples", type=int, default=study_report.N_BOOTSTRAP,
-                        help="paired bootstrap resamples of the test sentences")
+                        help="paired bootstrap resamples of the test sentences (the test-set part of the interval)")
     parser.add_argument("--seeds", type=int, nargs="+",
                         help="the training seed of each generation file, in order, for the report (default: 1 2 ...)")
     parser.add_argument("--decoding-log", nargs="+", default=[],

@@ -37,7 +37,8 @@ def test_demo_writes_the_report_table_json_and_plot(tmp_path):
     table = open(tmp_path / "results.md").read()
     assert table.startswith("| encoding | parameters | training (s) |")
     assert "| encoding | [3,13) n=19 | [13,19) n=22 | [19,25) n=5 | [25,inf) n=14 |" in table
-    assert table.count("]*)") >= 1 and "(one seed; n = sentences)" in table
+    # one seed: each star carries the dagger that says seed variance is not in the interval
+    assert table.count("]*†)") >= 1 and "(one seed; n = sentences)" in table and "SEED VARIANCE IS NOT INCLUDED" in table
     png = open(tmp_path / "bleu_by_length.png", "rb").read()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 30_000  # two panels
     assert len(os.listdir(tmp_path / "generations")) >= 2  # the fairseq-generate output, for bleu_by_length.py

@@ -1,6 +1,7 @@
 """The length-generalisation report (fairseq_posenc/study_report.py, scripts/bleu_by_length.py) on
 hand-made generations whose scores are known."""
 import json
+import math
 import os
 import random
 import subprocess
@@ -11,8 +12,9 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from fairseq_posenc.pipeline import Generation
-from fairseq_posenc.study_report import (build_report, decoding_limit_note, decoding_limit_ok, markdown,
-                                         paired_bootstrap, read_decoding_limit, write_report)
+from fairseq_posenc.study_report import (SENTENCES_AND_SEEDS, SENTENCES_ONLY, build_report, compare_seeds,
+                                         decoding_limit_note, decoding_limit_ok, first_cut_length, markdown,
+                                         paired_bootstrap, read_decoding_limit, with_seed_variance, write_report)
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 VOCAB = [f"w{i}" for i in range(200)]
@@ -75,24 +77,62 @@ def test_a_real_difference_on_500_sentences_is_marked_and_a_random_one_is_not():
     assert better["significant"] and better["low"] > 10 and better["p_value"] < 0.01
     assert not same["significant"] and same["low"] < 0 < same["high"] and same["p_value"] > 0.05
     table = markdown(report)
-    assert "| better | " in table and "]*) |" in table.split("| better |")[1].split("\n")[0]
+    # one seed: each * carries the dagger that says the interval has no seed variance in it
+    assert "| better | " in table and "]*†) |" in table.split("| better |")[1].split("\n")[0]
     assert "]*" not in table.split("| same |")[1].split("\n")[0]
+    assert "† One seed per model: the interval is the test set's noise only, SEED VARIANCE IS NOT INCLUDED" in table
+    assert better["seed_variance_included"] is False and better["interval"] == SENTENCES_ONLY
+    assert "seed variance is not included" in better["caveat"]
+    assert report["significance"] == {"intervals": [SENTENCES_ONLY], "seed_variance_included": False,
+                                      "caveat": better["caveat"]}
 
 
-def test_one_seed_is_sacrebleus_own_paired_bootstrap():
+# base corrupted at 0.3 (generator 1); systems near it, so that the p-value is not the 1/1001 of
+# a difference significant in every resample and equal p-values mean the same 1000 draws
+@pytest.mark.parametrize("p, seed, p_value, difference", [
+    (0.3, 3, 0.15184815184815184, -1.45), (0.285, 6, 0.2957042957042957, +0.42),
+    (0.28, 5, 0.14885114885114886, +1.51), (0.31, 7, 0.003996003996003996, -5.14)])
+def test_one_seed_is_sacrebleus_own_paired_bootstrap(p, seed, p_value, difference):
     from sacrebleu.significance import PairedTest
 
     refs = _corpus(300)
-    base, system = _corrupt(refs, 0.3, seed=1), _corrupt(refs, 0.25, seed=2)
+    base, system = _corrupt(refs, 0.3, seed=1), _corrupt(refs, p, seed=seed)
     _, scores = PairedTest([("base", base), ("system", system)], {"BLEU": BLEU()}, [refs], test_type="bs")()
     theirs = scores["BLEU"][1]
     metric = BLEU()
-    ours = paired_bootstrap(np.array(metric._extract_corpus_statistics(base, [refs])),
-                            np.array(metric._extract_corpus_statistics(system, [refs])), metric)
-    assert ours["p_value"] == theirs.p_value
+    base_stats = np.array(metric._extract_corpus_statistics(base, [refs]))
+    system_stats = np.array(metric._extract_corpus_statistics(system, [refs]))
+    ours = paired_bootstrap(base_stats, system_stats, metric)
+    assert theirs.p_value == p_value and ours["p_value"] == theirs.p_value
+    assert ours["difference"] == pytest.approx(difference, abs=0.005)
     assert ours["score"] == pytest.approx(theirs.score, abs=1e-4)
     # sacrebleu reports the half-width of the same 95% interval around its resample mean
     assert (ours["score_high"] - ours["score_low"]) / 2 == pytest.approx(theirs.ci, abs=1e-4)
+    # another draw of the same 1000 resamples gives another p-value: the equality above says
+    # the draws are sacrebleu's, which 1/1001 could not
+    assert paired_bootstrap(base_stats, system_stats, metric, seed=1)["p_value"] != p_value
+
+
+def test_seeds_pool_per_sentence_so_identical_seeds_give_one_seeds_interval():
+    """k seeds that translate alike resample exactly as one seed does when the unit is the
+    sentence with all its translations: their mean score is one seed's score, and their pooled
+    statistics are one seed's times k (BLEU depends on them only through ratios). Both intervals
+    must keep one seed's width. Resampling the k x n rows of the concatenation, or each seed's
+    translations on their own, would be a test set k times larger: 1/sqrt(k) = 1/3 as wide for
+    k = 9."""
+    refs = _corpus(150)
+    base, system = _corrupt(refs, 0.3, seed=1), _corrupt(refs, 0.25, seed=2)
+    metric = BLEU()
+    one = paired_bootstrap(np.array(metric._extract_corpus_statistics(base, [refs])),
+                           np.array(metric._extract_corpus_statistics(system, [refs])), metric, seed=7)
+    report = build_report({"sinusoidal": [_gen(base, refs)] * 9, "t5": [_gen(system, refs)] * 9}, [0], "words")
+    test = _row(report, "t5", "[0,inf)")["vs_baseline"]
+    # nothing varies between the seeds: the interval is the bootstrap's alone, +-1.96 sd
+    assert test["seed_variance_included"] and test["seed_se"] == 0.0 and test["degrees_of_freedom"] is None
+    assert test["bootstrap_sd"] / one["sd"] == pytest.approx(1, abs=0.1)
+    assert (test["high"] - test["low"]) / (2 * 1.96 * one["sd"]) == pytest.approx(1, abs=0.1)
+    only = test["sentences_only"]
+    assert (only["high"] - only["low"]) / (one["high"] - one["low"]) == pytest.approx(1, abs=0.15)
 
 
 def test_seeds_give_mean_and_std_and_the_bootstrap_pools_them_per_sentence():
@@ -104,11 +144,97 @@ def test_seeds_give_mean_and_std_and_the_bootstrap_pools_them_per_sentence():
     per_seed = [BLEU().corpus_score(h, [refs]).score for h in seeds]
     assert [s["bleu"] for s in row["seeds"]] == pytest.approx(per_seed)
     assert row["bleu"] == pytest.approx(np.mean(per_seed)) and row["bleu_std"] == pytest.approx(np.std(per_seed, ddof=1))
-    # the compared score is the BLEU of the three seeds' outputs concatenated
+    # compared: the mean over seeds, as shown; sentences only (as before): the BLEU of the three
+    # seeds' outputs concatenated
     pooled = BLEU().corpus_score(seeds[0] + seeds[1] + seeds[2], [refs * 3]).score
     assert row["pooled_bleu"] == pytest.approx(pooled, abs=1e-3)
-    assert row["vs_baseline"]["difference"] == pytest.approx(pooled - 100.0, abs=1e-3)
+    assert row["vs_baseline"]["difference"] == pytest.approx(np.mean(per_seed) - 100.0)
+    assert row["vs_baseline"]["sentences_only"]["difference"] == pytest.approx(pooled - 100.0, abs=1e-3)
     assert "± " in markdown(report) and report["seeds"] == [1, 2, 3]
+
+
+def test_the_seed_spread_widens_the_interval_by_welchs_t():
+    bootstrap = {"difference": 2.0, "sd": 1.0, "low": 0.1, "high": 3.9, "p_value": 0.02, "significant": True}
+    test = with_seed_variance(bootstrap, [10.0, 12.0, 14.0], [9.0, 10.0, 11.0], mean_sd=1.0)
+    # se^2 = 1 (bootstrap) + 4/3 + 1/3 (seed variances over 3 seeds); Welch-Satterthwaite
+    # dof = (8/3)^2 / ((4/3)^2/2 + (1/3)^2/2) = 7.53, t(0.975, 7.53) = 2.3313, half-width
+    # 2.3313 * sqrt(8/3) = 3.8071
+    assert test["seed_se"] == pytest.approx(math.sqrt(5 / 3))
+    assert test["degrees_of_freedom"] == pytest.approx(7.5294, abs=1e-4)
+    assert test["low"] == pytest.approx(2.0 - 3.8071, abs=1e-4)
+    assert test["high"] == pytest.approx(2.0 + 3.8071, abs=1e-4)
+    assert not test["significant"] and test["p_value"] == pytest.approx(0.2576, abs=1e-4)
+    assert test["interval"] == SENTENCES_AND_SEEDS and "caveat" not in test
+    assert test["sentences_only"] == {"difference": 2.0, "low": 0.1, "high": 3.9, "p_value": 0.02, "significant": True}
+    # one seed on either side: no spread to estimate, the sentence-only interval and a caveat
+    one = with_seed_variance(bootstrap, [10.0], [9.0, 10.0, 11.0])
+    assert (one["low"], one["high"], one["significant"], one["seed_variance_included"]) == (0.1, 3.9, True, False)
+    assert one["interval"] == SENTENCES_ONLY and one["caveat"].startswith("one seed per model")
+
+
+def _simulated_seeds(metric, refs, k, rate, spread, rng):
+    """k training runs of one model: each run's own word error rate (rate + a normal deviation of
+    sd ``spread``: the systematic difference a seed makes), then each word of each sentence
+    replaced with that probability (the sentence noise). Per-seed statistics against the
+    references ``metric`` holds."""
+    seeds = []
+    for _ in range(k):
+        hyps = _corrupt_with(refs, min(max(rng.gauss(rate, spread), 0), 1), rng)
+        seeds.append(np.array(metric._extract_corpus_statistics(hyps, None), dtype="float64"))
+    return seeds
+
+
+def _corrupt_with(refs, p, rng):
+    return [" ".join(w if rng.random() >= p else rng.choice(VOCAB) for w in r.split()) for r in refs]
+
+
+def test_an_aa_test_of_one_models_seeds_stars_no_more_often_than_the_nominal_5_percent():
+    """A/A: 3 seeds of a model against 3 more of the same model, on 80 sentences, in 120
+    independent trials (each its own seeds, from a seeded generator). Nothing differs, so a 95%
+    interval excludes 0 in at most 5% of them, 6 expected; more than 14, the 99.9% quantile of
+    Binomial(120, 0.05), says the interval is too narrow. A seed's word error rate is 0.3 +-
+    0.02 (sd): its BLEU moves by 3.2 between seeds, against a test-set noise (bootstrap sd of the
+    difference of the 3-seed means) of 2.0."""
+    from scipy.stats import binom
+
+    refs, trials = _corpus(80), 120
+    # the simulated words are tokens already; the references' n-grams are counted once
+    metric = BLEU(tokenize="none", references=[refs])
+    limit = int(binom.ppf(0.999, trials, 0.05))
+    assert limit == 14
+    new = old = 0
+    for trial in range(trials):
+        rng = random.Random(1000 + trial)
+        a, a2 = _simulated_seeds(metric, refs, 3, 0.3, 0.02, rng), _simulated_seeds(metric, refs, 3, 0.3, 0.02, rng)
+        test = compare_seeds(a, a2, metric, n_samples=200)
+        new += test["significant"]
+        old += test["sentences_only"]["significant"]
+    assert new <= limit and new == 6
+    # the sentence-only interval, blind to the seeds, stars one trial in five: anti-conservative
+    assert old > limit and old == 24
+    # and the interval that passes still finds a real difference (error rate 0.2, +18 BLEU)
+    found = 0
+    for trial in range(10):
+        rng = random.Random(5000 + trial)
+        base = _simulated_seeds(metric, refs, 3, 0.3, 0.02, rng)
+        better = _simulated_seeds(metric, refs, 3, 0.2, 0.02, rng)
+        found += compare_seeds(base, better, metric, n_samples=200)["significant"]
+    assert found == 10
+
+
+def test_with_seeds_the_difference_is_of_the_means_the_table_shows_not_of_the_pooled_bleu():
+    refs = _corpus(100)
+    half = [" ".join(r.split()[: len(r.split()) // 2]) for r in refs]
+    # one seed exact, one stopping at half: BLEU 100 and exp(1 - 2) * 100 = 36.8, mean 68.4;
+    # pooled, the length ratio is 0.75 and the BLEU exp(1 - 4/3) * 100 = 71.7
+    report = build_report({"sinusoidal": [_gen(refs, refs)] * 2, "short": [_gen(refs, refs), _gen(half, refs)]},
+                          [0], "words", n_samples=100)
+    row = _row(report, "short", "[0,inf)")
+    assert row["bleu"] == pytest.approx((100 + 100 * math.exp(-1)) / 2)
+    assert row["vs_baseline"]["difference"] == pytest.approx(row["bleu"] - 100)
+    assert row["pooled_bleu"] == pytest.approx(100 * math.exp(1 - 4 / 3), abs=1e-3)
+    assert row["vs_baseline"]["sentences_only"]["difference"] == pytest.approx(row["pooled_bleu"] - 100, abs=1e-3)
+    assert f"({row['bleu'] - 100:+.1f} [" in markdown(report).split("| short |")[1].split("\n")[0]
 
 
 def test_generations_of_other_sentences_are_refused():
@@ -129,11 +255,53 @@ def test_decoding_limit_check():
     assert not decoding_limit_ok(1.5, 50, 700, max_positions=1024)  # 1060 tokens needed, 1023 positions
     assert decoding_limit_note(1, 50, 120).endswith(
         "allow 170 target tokens for the longest source (120 tokens), 1.5x + 10 = 190 needed: "
-        "LONG OUTPUTS MAY HAVE BEEN CUT BY IT.")
+        "LONG OUTPUTS MAY HAVE BEEN CUT BY IT (first at a source of 82 tokens: 132 allowed, 133 needed).")
     # fairseq rounds a * L + b down: 1.5x + 10 itself passes at odd lengths, 1.5x + 9 does not
     assert decoding_limit_ok(1.5, 10, 51) and not decoding_limit_ok(1.5, 9, 51) and not decoding_limit_ok(2, 9, 51)
     log = "INFO | fairseq_cli.generate | {'generation': {'beam': 4, 'max_len_a': 1.5, 'max_len_b': 50, 'min_len': 1}"
     assert read_decoding_limit(log) == (1.5, 50) and read_decoding_limit("no config") is None
+
+
+def _passes_by_length(a, b, longest, positions=None):
+    """Brute force: for each source length 0..longest, whether fairseq's limit floor(a L + b)
+    (below the positions) reaches floor(1.5 L + 10)."""
+    cap = math.inf if positions is None else positions - 1
+    return [min(math.floor(a * n + b), cap) >= math.floor(1.5 * n + 10) for n in range(longest + 1)]
+
+
+@pytest.mark.parametrize("a, b, longest, positions, first_cut", [
+    (1.2, 11, 5, None, 4),  # ends 11 >= 10 and 17 >= 17; L = 4: int(15.8) = 15 < 16
+    (1.4, 10, 5, None, 2),  # L = 2: int(12.8) = 12 < 13
+    (1.45, 10, 7, None, 2),
+    (1.3, 11, 7, 40, 6),  # L = 6: int(18.8) = 18 < 19
+    (1.2, 23, 45, None, 44),  # L = 44: int(75.8) = 75 < 76, L = 45: 77 >= 77
+])
+def test_the_decoding_limit_is_checked_at_every_length_not_at_the_ends(a, b, longest, positions, first_cut):
+    passes = _passes_by_length(a, b, longest, positions)
+    assert passes[0] and passes[-1]  # so a check of the two ends alone would pass it
+    assert not decoding_limit_ok(a, b, longest, positions)
+    assert first_cut_length(a, b, longest, positions) == first_cut == passes.index(False)
+    assert decoding_limit_ok(a, b, first_cut - 1, positions)
+
+
+def test_the_decoding_limit_check_agrees_with_brute_force_on_a_grid():
+    disagree_with_the_ends = 0
+    for a in (0, 0.5, 1, 1.2, 1.3, 1.4, 1.45, 1.5, 2):
+        for b in range(0, 30):
+            for positions in (None, 40):
+                passes = _passes_by_length(a, b, 60, positions)
+                for longest in range(61):
+                    expected = all(passes[:longest + 1])
+                    assert decoding_limit_ok(a, b, longest, positions) == expected, (a, b, longest, positions)
+                    disagree_with_the_ends += expected != (passes[0] and passes[longest])
+    # the grid holds cases where checking the two ends alone would pass a limit that cuts
+    assert disagree_with_the_ends == 48
+
+
+def test_the_decoding_note_names_the_first_length_cut():
+    assert decoding_limit_note(1.2, 11, 5).endswith(
+        "allow 17 target tokens for the longest source (5 tokens), 1.5x + 10 = 17 needed: LONG OUTPUTS MAY HAVE "
+        "BEEN CUT BY IT (first at a source of 4 tokens: 15 allowed, 16 needed).")
 
 
 def test_report_files(tmp_path):
@@ -148,11 +316,16 @@ def test_report_files(tmp_path):
     assert "| sinusoidal | 100.0 ± 0.0 | 100.0 ± 0.0 |" in table
     assert "| sinusoidal | 1.00 / 100.0 | 1.00 / 100.0 |" in table
     assert "source length in subwords (mean ± std over 2 seeds" in table and table.endswith("Decoding limit: checked.\n")
+    assert "with the spread between training seeds (the per-seed BLEU" in table and "†" not in table
     saved = json.load(open(paths["json"]))
     assert saved["baseline"] == "sinusoidal" and saved["bootstrap"] == {
         "samples": 1000, "seed": 12345, "unit": "sentence, all seeds' translations"}
     assert set(saved["models"]["alibi"][0]) >= {"bleu", "bleu_std", "chrf", "chrf_std", "ratio", "ratio_std",
                                                  "sentences", "seeds", "vs_baseline"}
+    assert saved["significance"] == {"intervals": [SENTENCES_AND_SEEDS], "seed_variance_included": True}
+    test = saved["models"]["alibi"][0]["vs_baseline"]
+    assert test["seed_variance_included"] and set(test["sentences_only"]) == {"difference", "low", "high", "p_value",
+                                                                              "significant"}
     png = open(paths["plot"], "rb").read()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 30_000  # two panels
 

@@ -5,11 +5,12 @@
 # and the length ratio hyp/ref (mean ± std over SEEDS), with a paired bootstrap 95% interval of
 # each encoding's BLEU difference from BASELINE (scripts/bleu_by_length.py).
 #
-#   DATA=data/wmt14_en_de ENCODINGS="sinusoidal learned floater" SEEDS="1 2 3" bash recipes/extrapolation/run.sh
+#   DATA=data/wmt14_en_de ENCODINGS="sinusoidal learned floater none" SEEDS="1 2 3" bash recipes/extrapolation/run.sh
 #   ... bash recipes/extrapolation/run.sh --dry-run   # split and binarize, print each model's plan, train nothing
 #
 #   DATA         a prepared corpus (recipes/wmt*/prepare.sh --out DIR)
-#   ENCODINGS    the --position-encoding values to compare (default: sinusoidal learned floater)
+#   ENCODINGS    the --position-encoding values to compare (default: sinusoidal learned floater none;
+#                none, no position information, is the floor that tells what any encoding buys)
 #   UNIT         what a token is when counting lengths: subwords (the BPE'd text, default) or
 #                words (the Moses-tokenized text before BPE); every output says which
 #   TRAIN_BELOW  80, BINS "80 100 120 140": FLOATER's protocol (the last bin is open-ended)
@@ -29,7 +30,7 @@ DATA="${DATA:?set DATA to a corpus prepared by recipes/*/prepare.sh}"
   || die "no prepared corpus in DATA=$DATA ($DATA/corpus.env missing): run a recipes/*/prepare.sh first"
 load_corpus   # SRC, TGT, BPE, RECIPE of the corpus
 parse_run_args "$@"
-ENCODINGS="${ENCODINGS:-sinusoidal learned floater}"
+ENCODINGS="${ENCODINGS:-sinusoidal learned floater none}"
 SEEDS="${SEEDS:-1}"
 N_SEEDS=$(echo "$SEEDS" | wc -w)
 BASE_EXTRA_FLAGS="${EXTRA_FLAGS:-}"
