@@ -28,16 +28,18 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # score_translation, text_tools, when imported
-from fairseq_posenc import pipeline, study_report, toy_data  # noqa: E402
+from fairseq_posenc import bias_bound, pipeline, study_report, toy_data  # noqa: E402
 from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.models.from_flags import MODEL_SIZES  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
+from fairseq_posenc.positions.bias_scale import uses_bias_scale  # noqa: E402
 from score_translation import remove_bpe  # noqa: E402
 from text_tools import detokenize_line  # noqa: E402
 
@@ -49,6 +51,8 @@ MAX_LEN_A, MAX_LEN_B = 1.5, 50
 # Per-encoding settings that keep the study within its time budget on 2 CPU cores: FLOATER's
 # paper default (rk4 with step dt / 5) costs 5x the solver steps of one step per position.
 OVERRIDES = {"floater": ["--floater-step", "0.1"]}
+# bias_bound rebuilds each model's initial parameters by reseeding torch's global generator
+_TORCH_RNG = threading.Lock()
 
 def toy_corpus(out: str, args) -> str:
     top = max(args.long_max_len, args.train_max_len + 1)
@@ -67,6 +71,8 @@ def train_flags(encoding: str, seed: int, args) -> list:
     flags = pipeline.toy_train_flags(encoding, args.max_update, seed, size=args.size, lr=args.lr,
                                      max_tokens=args.max_tokens)
     positions = ["--max-source-positions", str(MAX_POSITIONS), "--max-target-positions", str(MAX_POSITIONS)]
+    if uses_bias_scale(POSITION_ENCODINGS[encoding]):
+        positions += ["--position-bias-scale", repr(args.position_bias_scale)]
     return flags + positions + OVERRIDES.get(encoding, [])
 
 
@@ -74,10 +80,12 @@ def parameters(checkpoint: str) -> int:
     import torch
 
     state = torch.load(checkpoint, map_location="cpu")["model"]
-    # tied embeddings appear under three names, FLOATER's stored solution is not a parameter
+    # tied embeddings appear under three names; FLOATER's stored solution and ALiBi's encoder
+    # form are buffers, not parameters
+    buffers = ("version", "_float_tensor", ".solution", ".fingerprint", ".encoder_form")
     seen, total = set(), 0
     for name, tensor in state.items():
-        if name.endswith(("version", "_float_tensor", ".solution", ".fingerprint")) or tensor.data_ptr() in seen:
+        if name.endswith(buffers) or tensor.data_ptr() in seen:
             continue
         seen.add(tensor.data_ptr())
         total += tensor.numel()
@@ -120,8 +128,10 @@ def run_one(n: int, total: int, encoding: str, seed: int, data_bin: str, out: st
     generation = postprocess(raw, args, tgt_lang)
     print(f"| [{n}/{total}] {encoding} seed {seed} trained in {train_seconds:.0f} s, decoded "
           f"{len(generation.hypotheses)} test sentences (output: {log})", flush=True)
+    with _TORCH_RNG:
+        bias = bias_bound.checkpoint_bias_report(averaged)
     return {"encoding": encoding, "seed": seed, "parameters": parameters(averaged),
-            "train_seconds": round(train_seconds, 1)}, raw, generation
+            "train_seconds": round(train_seconds, 1), "bias": bias}, raw, generation
 
 
 def parse_seeds(values):
@@ -148,6 +158,10 @@ def main(argv=None):
     parser.add_argument("--max-update", type=int, default=800, help="training updates per model")
     parser.add_argument("--max-tokens", type=int, default=1000, help="tokens per batch")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (inverse-sqrt schedule)")
+    parser.add_argument("--position-bias-scale", type=float, default=1.0,
+                        help="fairseq's --position-bias-scale S for the encodings that take it (" + ", ".join(
+                            e for e, scheme in POSITION_ENCODINGS.items() if uses_bias_scale(scheme))
+                        + "): their learned logit biases learn S times faster (default 1: as the papers)")
     parser.add_argument("--toy-pair", choices=list(toy_data.PAIRS), default="reorder",
                         help="the generated language pair: adjectives move after their nouns (reorder), "
                              "or the whole sentence is reversed (reverse)")
@@ -170,6 +184,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if not 0 < args.position_bias_scale < float("inf"):
+        parser.error(f"--position-bias-scale must be a positive finite number, got {args.position_bias_scale}")
     try:
         seeds = parse_seeds(args.seeds)
     except ValueError as e:
@@ -203,6 +219,10 @@ def main(argv=None):
     rows = [{"encoding": e, "parameters": next(r["parameters"] for r, _, _ in done if r["encoding"] == e),
              "train_seconds": [r["train_seconds"] for r, _, _ in done if r["encoding"] == e]}
             for e in args.encodings]
+    for row in rows:
+        biases = [r["bias"] for r, _, _ in done if r["encoding"] == row["encoding"] and r["bias"]]
+        if biases:
+            row["bias"] = mean_bias(biases)
 
     unit = args.unit if args.data_bin else "words"
     # the decoder's limit counts the tokens it reads (subwords with BPE), whatever the bins count
@@ -214,17 +234,22 @@ def main(argv=None):
     paths = study_report.write_report(
         report, os.path.join(out, "bleu_by_length"),
         title=(f"Trained on sources of at most {args.train_max_len} {unit}" if not args.data_bin else "")
-        + (f", {len(seeds)} seeds" if len(seeds) > 1 else ""))
+        + (f", {len(seeds)} seeds" if len(seeds) > 1 else "")
+        + (f", --position-bias-scale {args.position_bias_scale:g}" if args.position_bias_scale != 1 else ""))
     note = "" if args.data_bin else f" Toy pair {args.toy_pair}; training sources had 3-{args.train_max_len} words."
     note += (f" {args.max_update} updates of {args.max_tokens} tokens, peak lr {args.lr:g}, size {args.size},"
              f" seeds {' '.join(map(str, seeds))}; {args.jobs} model(s) trained at a time,"
              f" {os.environ['OMP_NUM_THREADS']} thread(s) each.")
     note += "".join(f" {e}: {' '.join(OVERRIDES[e])}." for e in args.encodings if e in OVERRIDES)
-    summary = summary_table(rows, note) + "\n" + study_report.markdown(report)
+    scaled = [e for e in args.encodings if uses_bias_scale(POSITION_ENCODINGS[e])]
+    if scaled:
+        note += f" --position-bias-scale {args.position_bias_scale:g} for {', '.join(scaled)}."
+    summary = summary_table(rows, note) + bias_table(rows) + "\n" + study_report.markdown(report)
     write_text_atomically(os.path.join(out, "results.md"), summary)
     write_text_atomically(os.path.join(out, "results.json"), json.dumps(
         {"unit": unit, "edges": edges, "seeds": seeds, "max_update": args.max_update, "size": args.size,
          "max_tokens": args.max_tokens, "lr": args.lr, "toy_pair": None if args.data_bin else args.toy_pair,
+         "position_bias_scale": args.position_bias_scale,
          "rows": rows, "report": report}, indent=2) + "\n")
     print("\n" + summary)
     print(f"| total {time.time() - start_all:.0f} s; wrote {out}/results.md, results.json, "
@@ -237,6 +262,43 @@ def summary_table(rows, note="") -> str:
         seconds = row["train_seconds"]
         lines.append(f"| {row['encoding']} | {row['parameters']:,} | {sum(seconds) / len(seconds):.0f} |")
     return "\n".join(lines) + f"\n\nParameters and training time (mean over seeds).{note}\n"
+
+
+def mean_bias(reports):
+    """bias_bound.checkpoint_bias_report of each seed -> the means over seeds, and the seeds' own."""
+    def mean(values):
+        return None if None in values else sum(values) / len(values)
+
+    names = reports[0]["trained"]
+    return {"position_bias_scale": reports[0]["position_bias_scale"], "updates": mean([r["updates"] for r in reports]),
+            "lr_sum": mean([r["lr_sum"] for r in reports]),
+            **{key: {name: mean([r[key][name] for r in reports]) for name in names}
+               for key in ("trained", "initial", "bound")},
+            "seeds": reports}
+
+
+def bias_table(rows) -> str:
+    """The largest learned logit bias of each encoding that has one, next to what Adam allows."""
+    rows = [row for row in rows if row.get("bias")]
+    if not rows:
+        return ""
+    lines = ["", "| encoding | bias | largest trained | initial | bound: initial + S x sum(lr) |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        bias = row["bias"]
+        for name, trained in bias["trained"].items():
+            bound = bias["bound"][name]
+            lines.append(f"| {row['encoding']} | {name} | {trained:.3f} | {bias['initial'][name]:.3f} | "
+                         + ("- (a product)" if bound is None else f"{bound:.3f}") + " |")
+    sums = sorted({(row["bias"]["position_bias_scale"], row["bias"]["lr_sum"], row["bias"]["updates"]) for row in rows})
+    products = [row["encoding"] for row in rows if None in row["bias"]["bound"].values()]
+    return "\n".join(lines) + (
+        "\n\nLargest |bias| each learned bias adds to the attention logits (mean over seeds). Adam moves a "
+        "parameter by about lr per update, so a learned scalar ends within about S x sum(lr) of where it began: "
+        + "; ".join(f"S = {s:g}, sum(lr) = {total:.3f} over the {n:g} updates of the newest checkpoint averaged"
+                    for s, total, n in sums) + "."
+        + (f" {', '.join(products)}: a product of parameters, which that does not bound." if products else "")
+        + "\n")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 
 from .base import PositionEncoding
+from .bias_scale import BiasScaleConfig, bias_scale
 from .sharing import SharingConfig, resolve_sharing
 
 
@@ -17,13 +18,14 @@ class RelativeDistanceConfig:
 
 
 @dataclass
-class DietRelConfig(SharingConfig, RelativeDistanceConfig):
+class DietRelConfig(SharingConfig, RelativeDistanceConfig, BiasScaleConfig):
     pass
 
 
 class DietRel(PositionEncoding):
     """DIET-REL (Chen et al., 2021): a learned scalar per head per relative offset i - j,
-    clipped to [-K, K], added to the logits. T5's bias without buckets."""
+    clipped to [-K, K], added to the logits. T5's bias without buckets. The bias is
+    ``--position-bias-scale`` S times the stored ``weight`` (:mod:`.bias_scale`)."""
 
     config = DietRelConfig
 
@@ -33,15 +35,23 @@ class DietRel(PositionEncoding):
         self.max_distance = cfg.max_relative_distance or 128
         if self.max_distance <= 0:
             raise ValueError(f"--max-relative-distance must be positive, got {self.max_distance}")
+        self.bias_scale = bias_scale(cfg)
         # (groups, heads, 2K + 1): index K + (i - j)
         self.weight = nn.Parameter(torch.empty(groups, heads, 2 * self.max_distance + 1))
-        nn.init.normal_(self.weight, std=0.02)
+        nn.init.normal_(self.weight, std=0.02 / self.bias_scale)
+
+    @staticmethod
+    def largest_bias(state, scale: float) -> float:
+        """The largest |bias| on the logits, from this scheme's state dict (keys without the
+        stack's prefix) and its --position-bias-scale."""
+        return scale * state["weight"].abs().max().item()
 
     def attention_bias(self, layer, q, pos):
         group = 0 if self.sharing == "layers" else layer
         k = self.max_distance
 
         def per_offset(offsets):  # offsets are key - query = -(i - j)
-            return self.weight[group][:, (-offsets).clamp(-k, k) + k].expand(self.num_heads, -1)
+            bias = self.weight[group][:, (-offsets).clamp(-k, k) + k] * self.bias_scale
+            return bias.expand(self.num_heads, -1)
 
         return self.relative_bias(("diet_rel", group), pos, per_offset)

@@ -2,13 +2,16 @@
 
 Not a position encoding of its own: ``--segment-attention`` adds it to the encoder's
 self-attention next to whichever ``--position-encoding`` is chosen. Segments are delimited by a
-separator token in the source; the separator closes the segment it ends.
+separator token in the source; the separator closes the segment it ends. Its scalars are
+``--position-bias-scale`` S times the stored ``weight`` (:mod:`.bias_scale`): the flag comes with
+the position encodings' flags and applies here whichever encoding is chosen.
 """
 import torch
 import torch.nn as nn
 from torch import Tensor
 
 from .base import PositionEncoding
+from .bias_scale import bias_scale
 
 
 def segment_ids(tokens: Tensor, separator: int, max_segments: int) -> Tensor:
@@ -25,15 +28,23 @@ class SegmentBias(PositionEncoding):
             raise ValueError(f"--max-segments must be positive, got {cfg.max_segments}")
         self.separator = separator_index
         self.max_segments = cfg.max_segments
+        # initialised at 0, which is 0 / S for every S
+        self.bias_scale = bias_scale(cfg)
         # (layers, heads, query segment, key segment)
         self.weight = nn.Parameter(torch.zeros(num_layers, num_heads, cfg.max_segments, cfg.max_segments))
         self._segments = None
 
-    def begin_forward(self, tokens):
-        super().begin_forward(tokens)
+    @staticmethod
+    def largest_bias(state, scale: float) -> float:
+        """The largest |scalar| on the logits, from this module's state dict (keys without the
+        encoder's prefix) and its --position-bias-scale."""
+        return scale * state["weight"].abs().max().item()
+
+    def begin_forward(self, tokens, continues=False):
+        super().begin_forward(tokens, continues)
         self._segments = segment_ids(tokens, self.separator, self.max_segments)
 
     def attention_bias(self, layer, q, pos):
         seg = self._segments
         # (H, B, T, S) -> (B, H, T, S)
-        return self.weight[layer][:, seg[:, :, None], seg[:, None, :]].transpose(0, 1)
+        return (self.weight[layer] * self.bias_scale)[:, seg[:, :, None], seg[:, None, :]].transpose(0, 1)

@@ -6,6 +6,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .base import PositionEncoding
+from .bias_scale import BiasScaleConfig, bias_scale
 
 
 def relative_position_bucket(relative_position: Tensor, bidirectional: bool = True,
@@ -40,7 +41,7 @@ def relative_position_bucket(relative_position: Tensor, bidirectional: bool = Tr
 
 
 @dataclass
-class T5Config:
+class T5Config(BiasScaleConfig):
     t5_num_buckets: int = field(default=32, metadata={"help": "t5: number of relative position buckets"})
     t5_max_distance: int = field(
         default=128, metadata={"help": "t5: distances from here on share the last bucket"}
@@ -49,19 +50,27 @@ class T5Config:
 
 class T5Bias(PositionEncoding):
     """A learned scalar per head per bucket of (key - query), shared by all layers of a stack;
-    bidirectional buckets in the encoder, one-sided in the decoder."""
+    bidirectional buckets in the encoder, one-sided in the decoder. The bias is
+    ``--position-bias-scale`` S times the stored ``bias.weight`` (:mod:`.bias_scale`)."""
 
     config = T5Config
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
         self.num_buckets, self.max_distance = cfg.t5_num_buckets, cfg.t5_max_distance
+        self.bias_scale = bias_scale(cfg)
         self.bias = nn.Embedding(self.num_buckets, num_heads)
-        nn.init.normal_(self.bias.weight, std=0.02)
+        nn.init.normal_(self.bias.weight, std=0.02 / self.bias_scale)
+
+    @staticmethod
+    def largest_bias(state, scale: float) -> float:
+        """The largest |bias| on the logits, from this scheme's state dict (keys without the
+        stack's prefix) and its --position-bias-scale."""
+        return scale * state["bias.weight"].abs().max().item()
 
     def attention_bias(self, layer, q, pos):
         def per_offset(offsets):
             buckets = relative_position_bucket(offsets, not self.causal, self.num_buckets, self.max_distance)
-            return self.bias(buckets).t()  # (H, offsets)
+            return self.bias(buckets).t() * self.bias_scale  # (H, offsets)
 
         return self.relative_bias("t5", pos, per_offset)
