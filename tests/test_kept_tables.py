@@ -61,6 +61,15 @@ def _position_parameters(model):
     return [p for name, p in model.named_parameters() if "position_encoding" in name or "embed_positions" in name]
 
 
+#: the encodings with learned position parameters (the others have nothing for p.data to change)
+LEARNED = [e for e in ENCODINGS if _position_parameters(_model(e))]
+
+
+def test_the_learned_encodings_are_found():
+    assert {"learned", "diet_abs", "diet_rel", "shaw", "t5", "floater"} <= set(LEARNED)
+    assert not {"none", "sinusoidal", "rope", "alibi"} & set(LEARNED)
+
+
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_no_grad_forward_after_a_fairseq_adam_step_uses_current_tables(encoding):
     model, batch = _model(encoding), None
@@ -82,7 +91,7 @@ def test_no_grad_forward_after_a_fairseq_adam_step_uses_current_tables(encoding)
     assert (after - grad_mode).abs().max().item() <= _grad_mode_tolerance(grad_mode)
 
 
-@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("encoding", LEARNED)
 @torch.no_grad()
 def test_kept_tables_follow_values_written_through_data(encoding):
     """EMA or checkpoint averaging in memory: new values copied into ``p.data``, no optimizer."""
@@ -129,6 +138,31 @@ def test_tables_are_checked_once_per_decode_not_every_step(monkeypatch):
         model.decoder(batch[2][:, : t + 1], encoder_out, incremental_state=state)
     # the encoder and the first decoding step compare values; the 7 later steps do not
     assert calls == [True, True] + [False] * 7
+
+
+@pytest.mark.parametrize("encoding", ["t5", "floater"])
+def test_a_frozen_model_keeps_its_tables_while_another_model_steps(encoding):
+    """A distillation teacher (no_grad, frozen) beside a student whose optimizer steps: after the
+    step the teacher's values are compared, found equal, and its tables (FLOATER: its ODE
+    solution) are reused, not rebuilt every update; the student's are rebuilt."""
+    teacher, student = _model(encoding), _model(encoding)
+    batch = _batch(teacher)
+    _keep_tables(teacher, batch)
+    _keep_tables(student, batch)
+
+    def kept(model):
+        scheme = model.encoder.position_encoding
+        if encoding == "floater":
+            return [scheme.ode.solution]  # replaced, not written in place, when solved anew
+        return [table for table, _ in scheme._tables.values()]
+
+    teacher_kept, student_kept = kept(teacher), kept(student)
+    assert teacher_kept and student_kept
+    _fairseq_adam_step(student, batch)
+    _keep_tables(teacher, batch)
+    _keep_tables(student, batch)
+    assert all(a is b for a, b in zip(kept(teacher), teacher_kept))
+    assert not any(a is b for a, b in zip(kept(student), student_kept))
 
 
 def test_every_optimizer_step_is_counted_fairseq_adam_included():

@@ -4,8 +4,10 @@ kept across forwards is still theirs.
 No single signal is enough, so three are checked:
 
 - the process's optimizer-step count (:func:`fairseq_posenc.update_hooks.optimizer_steps`,
-  torch's global step hook): any step of any ``torch.optim.Optimizer`` subclass, fairseq's own
-  and the one inside its fp16/bf16 wrappers included, makes everything kept stale at once;
+  torch's global step hook): after any step of any ``torch.optim.Optimizer`` subclass, fairseq's
+  own and the one inside its fp16/bf16 wrappers included, the values are compared even where
+  they otherwise would not be (below), so a frozen model beside a trained one (a distillation
+  teacher) keeps its tables;
 - each tensor's identity, device, dtype and version counter: ``.to()``, ``.half()``,
   ``load_state_dict`` and in-place writes under ``no_grad`` change one of them;
 - the values themselves, compared with a copy taken when the result was computed. Code that
@@ -29,7 +31,7 @@ from ..update_hooks import optimizer_steps
 
 
 def _identity(tensors: List[Tensor]) -> Tuple:
-    return (optimizer_steps(),) + tuple((t._version, t.data_ptr(), t.device, t.dtype, t.shape) for t in tensors)
+    return tuple((t._version, t.data_ptr(), t.device, t.dtype, t.shape) for t in tensors)
 
 
 class KeptFrom:
@@ -39,11 +41,13 @@ class KeptFrom:
     def __init__(self):
         self._identity: Optional[Tuple] = None
         self._values: Optional[List[Tensor]] = None
+        self._steps = -1
 
     def remember(self, tensors: Iterable[Tensor]):
         tensors = list(tensors)
         self._identity = _identity(tensors)
         self._values = [t.detach().clone() for t in tensors]
+        self._steps = optimizer_steps()
 
     def forget(self):
         self._identity = self._values = None
@@ -54,10 +58,16 @@ class KeptFrom:
 
     def still_current(self, tensors: Iterable[Tensor], contents: bool = True) -> bool:
         """True when ``tensors`` are those remembered, unchanged. ``contents=False`` skips the
-        comparison of values (see the module doc for the one place where that is safe)."""
+        comparison of values (see the module doc for the one place where that is safe), unless
+        an optimizer stepped since it was last made."""
         if self._values is None:
             return False
         tensors = list(tensors)
         if _identity(tensors) != self._identity:
             return False
-        return not contents or all(torch.equal(t.detach(), v) for t, v in zip(tensors, self._values))
+        steps = optimizer_steps()
+        if (contents or steps != self._steps) and not all(
+                torch.equal(t.detach(), v) for t, v in zip(tensors, self._values)):
+            return False
+        self._steps = steps
+        return True
