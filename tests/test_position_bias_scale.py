@@ -146,3 +146,47 @@ def test_the_flag_reaches_the_model_through_fairseqs_parser_once():
 def test_a_scale_that_is_not_positive_and_finite_is_refused_naming_the_flag(case, scale):
     with pytest.raises(ValueError, match="--position-bias-scale must be a positive finite number"):
         _model(case, scale)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("case", CASES)
+def test_weights_of_one_scale_load_into_another_as_the_same_biases(case):
+    """--finetune-from-model or load_state_dict into a model built with another S: the stored
+    S (the module's extra state) rescales w, so the biases and the model are those saved."""
+    trained = _model(case, 10.0).train()
+    src, lengths, prev = _batch(trained)
+    optimizer = Adam(trained.parameters(), lr=3e-2, betas=(0.9, 0.98), eps=1e-8)
+    for _ in range(3):  # biases far from their initial values: a wrong factor shows
+        optimizer.zero_grad()
+        _loss(trained, src, lengths, prev).backward()
+        optimizer.step()
+    trained.eval()
+    other = _model(case, 1.0, seed=2).eval()
+    other.load_state_dict(trained.state_dict())  # strict, as fairseq loads
+    with torch.no_grad():
+        expected, got = full_log_probs(trained, src, lengths, prev), full_log_probs(other, src, lengths, prev)
+        unscaled = {key: bias / 10.0 for key, bias in _biases(trained, case, src, prev).items()}
+        moved = max((bias - _biases(other, case, src, prev)[key]).abs().max().item() for key, bias in unscaled.items())
+    # w x 10 / 1, one rounding of each w (and of each factor of DIET-ABS's product): less than one
+    # more term in each logit, as at step 0 above
+    assert_within(got, expected, float32_tolerance(transformer_terms(trained, 23, 20), magnitude(expected, floor=1)),
+                  "log-probabilities")
+    assert moved > 1e-2, "w was not rescaled: the biases are 1/10 of those saved"
+    assert float(other.state_dict()[next(k for k in other.state_dict() if k.endswith("_extra_state"))]) == 1.0
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_weights_saved_before_the_flag_existed_load_with_scale_1(case):
+    g = torch.Generator().manual_seed(0)
+    # random values, so that a factor shows (the segment scalars start at 0)
+    old = {k: torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+           for k, v in _model(case, 1.0).state_dict().items() if not k.endswith("_extra_state")}
+    assert len(old) < len(_model(case, 1.0).state_dict())
+    for scale, factor in [(1.0, 1.0), (4.0, 0.25)]:
+        model = _model(case, scale, seed=3)
+        model.load_state_dict(old)  # strict: the missing extra state is no error
+        scaled = [key for key in old for name in type(_terms(model, case)[0][1]).scaled_parameters
+                  if key.endswith(f"position_encoding.{name}") or key.endswith(f"segment_bias.{name}")]
+        assert scaled
+        for key in scaled:
+            assert torch.equal(model.state_dict()[key], old[key] * factor), key

@@ -12,11 +12,22 @@ P_Q and P_K are scaled each, which makes the first-order step of P_Q P_K^T S tim
 Why a reparametrisation and not a per-parameter learning rate: fairseq's
 ``FairseqOptimizer.set_lr`` writes one lr into every parameter group at each update, and
 ``--fp16`` flattens all parameters into one tensor; scaling a gradient does nothing under Adam,
-which divides it by its own running magnitude. The parameters keep their names (a checkpoint
-loads either way) and S is a model flag saved with the checkpoint's args.
+which divides it by its own running magnitude.
+
+The parameters keep their names, and S is saved beside them (the module's ``_extra_state``), not
+only in the checkpoint's args: weights loaded into a model of another S (``--finetune-from-model``,
+``--restore-file`` with a changed flag, ``load_state_dict`` by hand) are rescaled on load so that
+the model computes the same biases, where they would otherwise be multiplied by S_new / S_old
+(DIET-ABS's product by its square). Checkpoints written before the flag existed hold S = 1.
 """
+import logging
 import math
 from dataclasses import dataclass, field
+from typing import Tuple
+
+import torch
+
+logger = logging.getLogger(__name__)
 
 FLAG = "--position-bias-scale"
 
@@ -42,6 +53,38 @@ def bias_scale(cfg) -> float:
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"{FLAG} must be a positive finite number, got {scale}")
     return scale
+
+
+class ScaledBiases:
+    """Mixin for a module that uses ``self.bias_scale`` x the parameters named in
+    ``scaled_parameters``: keeps S in the state dict and rescales those parameters when weights
+    saved with another S are loaded (see the module doc)."""
+
+    #: names (in the module's state dict) of the parameters used as S x w
+    scaled_parameters: Tuple[str, ...] = ()
+    bias_scale: float
+
+    def get_extra_state(self):
+        # a float64 tensor, not a buffer: model.half() would round a buffer (and S with it)
+        return torch.tensor(self.bias_scale, dtype=torch.float64)
+
+    def set_extra_state(self, state):
+        """Nothing: ``_load_from_state_dict`` has already read and applied it."""
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "_extra_state"
+        stored = float(state_dict[key]) if key in state_dict else 1.0
+        # averaging checkpoints sums S in float64: equal up to its rounding is equal
+        if not math.isclose(stored, self.bias_scale, rel_tol=1e-9):
+            ratio = stored / self.bias_scale
+            for name in self.scaled_parameters:
+                if prefix + name in state_dict:
+                    state_dict[prefix + name] = state_dict[prefix + name] * ratio
+            logger.info(f"{prefix.rstrip('.')}: weights saved with {FLAG} {stored:g} loaded into a model with "
+                        f"{FLAG} {self.bias_scale:g}: {', '.join(self.scaled_parameters)} multiplied by "
+                        f"{ratio:g}, so the biases are those that were saved")
+        state_dict[key] = self.get_extra_state()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 def uses_bias_scale(scheme: type) -> bool:

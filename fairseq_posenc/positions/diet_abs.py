@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from .base import PositionEncoding, at_least_float32, gather_square
-from .bias_scale import BiasScaleConfig, bias_scale
+from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
 from .sharing import SharingConfig, resolve_sharing
 
 
@@ -16,7 +16,7 @@ class DietAbsConfig(SharingConfig, BiasScaleConfig):
     )
 
 
-class DietAbs(PositionEncoding):
+class DietAbs(ScaledBiases, PositionEncoding):
     """DIET-ABS (Chen et al., 2021): a learned low-rank bias P_Q P_K^T over absolute positions,
     added to each head's logits. Its tables end at --max-source/target-positions.
 
@@ -31,6 +31,7 @@ class DietAbs(PositionEncoding):
     (:mod:`fairseq_posenc.bias_bound`)."""
 
     config = DietAbsConfig
+    scaled_parameters = ("p_q", "p_k")
     extrapolates = False
     #: its bias is a product of parameters, which S * sum(lr) does not bound (bias_bound.py)
     bias_is_product = True

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from .base import PositionEncoding
-from .bias_scale import BiasScaleConfig, bias_scale
+from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
 from .sharing import SharingConfig, resolve_sharing
 
 
@@ -22,12 +22,13 @@ class DietRelConfig(SharingConfig, RelativeDistanceConfig, BiasScaleConfig):
     pass
 
 
-class DietRel(PositionEncoding):
+class DietRel(ScaledBiases, PositionEncoding):
     """DIET-REL (Chen et al., 2021): a learned scalar per head per relative offset i - j,
     clipped to [-K, K], added to the logits. T5's bias without buckets. The bias is
     ``--position-bias-scale`` S times the stored ``weight`` (:mod:`.bias_scale`)."""
 
     config = DietRelConfig
+    scaled_parameters = ("weight",)
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)

@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .base import PositionEncoding
-from .bias_scale import bias_scale
+from .bias_scale import ScaledBiases, bias_scale
 
 
 def segment_ids(tokens: Tensor, separator: int, max_segments: int) -> Tensor:
@@ -21,7 +21,9 @@ def segment_ids(tokens: Tensor, separator: int, max_segments: int) -> Tensor:
     return (is_sep.cumsum(-1) - is_sep).clamp_(max=max_segments - 1)
 
 
-class SegmentBias(PositionEncoding):
+class SegmentBias(ScaledBiases, PositionEncoding):
+    scaled_parameters = ("weight",)
+
     def __init__(self, cfg, num_layers, num_heads, head_dim, separator_index: int):
         super().__init__(cfg, "encoder", num_layers, num_heads, head_dim)
         if cfg.max_segments < 1:

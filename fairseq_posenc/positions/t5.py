@@ -6,7 +6,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .base import PositionEncoding
-from .bias_scale import BiasScaleConfig, bias_scale
+from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
 
 
 def relative_position_bucket(relative_position: Tensor, bidirectional: bool = True,
@@ -48,12 +48,13 @@ class T5Config(BiasScaleConfig):
     )
 
 
-class T5Bias(PositionEncoding):
+class T5Bias(ScaledBiases, PositionEncoding):
     """A learned scalar per head per bucket of (key - query), shared by all layers of a stack;
     bidirectional buckets in the encoder, one-sided in the decoder. The bias is
     ``--position-bias-scale`` S times the stored ``bias.weight`` (:mod:`.bias_scale`)."""
 
     config = T5Config
+    scaled_parameters = ("bias.weight",)
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
