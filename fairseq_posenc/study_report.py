@@ -163,7 +163,9 @@ def with_seed_variance(test: Dict, system_scores: Sequence[float], baseline_scor
 
     With one seed on either side the spread between seeds cannot be estimated: the result is
     the sentence-only bootstrap (sacrebleu's), with ``seed_variance_included`` false and a
-    caveat. ``sentences_only`` is that bootstrap in either case: the pooled difference and its
+    caveat (bleu_by_length.py refuses unequal seed counts, so one seed against several only
+    reaches here from code). Where nothing varies at all (se = 0) no difference is significant
+    and a nonzero one has no p-value. ``sentences_only`` is that bootstrap in either case: the pooled difference and its
     percentile interval, what the report gave before seeds were accounted for."""
     from scipy import stats as scipy_stats
 
@@ -179,14 +181,17 @@ def with_seed_variance(test: Dict, system_scores: Sequence[float], baseline_scor
     weight = sum(t ** 2 / (len(scores) - 1) for t, scores in zip(terms, (system_scores, baseline_scores)))
     dof = se ** 4 / weight if weight > 0 else math.inf
     d = statistics.fmean(system_scores) - statistics.fmean(baseline_scores)
-    if se == 0:  # identical outputs: nothing varies
+    if se == 0:
+        # nothing varies (a bin of one sentence, seeds that translate alike): no noise to test a
+        # difference against, so none is called significant
         low = high = d
-        p_value = 1.0 if d == 0 else 0.0
+        p_value = 1.0 if d == 0 else None
     else:
         half = float(scipy_stats.t.ppf(0.975, dof)) * se
         low, high = d - half, d + half
         p_value = float(2 * scipy_stats.t.sf(abs(d) / se, dof))
-    return {"difference": d, "low": low, "high": high, "p_value": p_value, "significant": bool(low > 0 or high < 0),
+    return {"difference": d, "low": low, "high": high, "p_value": p_value,
+            "significant": bool(se > 0 and (low > 0 or high < 0)),
             "sentences_only": sentences_only, "bootstrap_sd": mean_sd, "seed_se": math.sqrt(sum(terms)),
             "degrees_of_freedom": dof if math.isfinite(dof) else None, "interval": SENTENCES_AND_SEEDS,
             "seed_variance_included": True}

@@ -172,6 +172,16 @@ def test_the_seed_spread_widens_the_interval_by_welchs_t():
     assert one["interval"] == SENTENCES_ONLY and one["caveat"].startswith("one seed per model")
 
 
+def test_a_difference_with_nothing_varying_is_not_called_significant():
+    """A bin of one sentence that every seed translates alike: no noise, nothing to test against."""
+    still = {"difference": 5.0, "sd": 0.0, "low": 5.0, "high": 5.0, "p_value": 0.0, "significant": True}
+    test = with_seed_variance(still, [60.0, 60.0], [55.0, 55.0], mean_sd=0.0)
+    assert (test["difference"], test["low"], test["high"]) == (5.0, 5.0, 5.0)
+    assert test["significant"] is False and test["p_value"] is None
+    same = with_seed_variance({**still, "difference": 0.0}, [55.0, 55.0], [55.0, 55.0], mean_sd=0.0)
+    assert same["significant"] is False and same["p_value"] == 1.0
+
+
 def _simulated_seeds(metric, refs, k, rate, spread, rng):
     """k training runs of one model: each run's own word error rate (rate + a normal deviation of
     sd ``spread``: the systematic difference a seed makes), then each word of each sentence
@@ -209,9 +219,9 @@ def test_an_aa_test_of_one_models_seeds_stars_no_more_often_than_the_nominal_5_p
         test = compare_seeds(a, a2, metric, n_samples=200)
         new += test["significant"]
         old += test["sentences_only"]["significant"]
-    assert new <= limit and new == 6
+    assert new <= limit  # measured here: 6
     # the sentence-only interval, blind to the seeds, stars one trial in five: anti-conservative
-    assert old > limit and old == 24
+    assert old > limit  # measured here: 24
     # and the interval that passes still finds a real difference (error rate 0.2, +18 BLEU)
     found = 0
     for trial in range(10):
