@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fairseq_posenc.modules import PositionalAttention
 from fairseq_posenc.positions import AttentionPositions
@@ -202,6 +203,49 @@ def test_the_explicit_path_zeroes_only_rows_that_see_no_key_and_keeps_a_real_nan
     # over a head of 8, the softmax over 5 keys and its weighted sum, the output projection (16)
     assert_within(explicit[[1, 3]], fused[[1, 3]], float32_tolerance(16 + 8 + 5 + 5 + 16, magnitude(
         fused[[1, 3]], queries[[1, 3]], keys, floor=1)), "rows with keys")
+
+
+def _nan_for_rows_without_keys(sdpa):
+    """SDPA as torch's memory-efficient CUDA kernel has behaved (pytorch/pytorch#110213): NaN
+    for a row whose every key is masked."""
+    def attend(q, k, v, attn_mask=None, **kwargs):
+        out = sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+        if attn_mask is not None:
+            out = out.masked_fill(torch.isneginf(attn_mask).all(-1, keepdim=True), math.nan)
+        return out
+    return attend
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_sdpa_rows_without_keys_are_zero_whatever_the_kernel_gives(monkeypatch, guarded):
+    """The CUDA guard, run on CPU with a kernel that gives NaN where no key is seen: without it
+    the NaN reaches the output (what the guard is for), with it the output and the gradients are
+    those of the CPU kernel, which gives 0."""
+    from fairseq_posenc.modules import positional_attention
+
+    torch.manual_seed(0)
+    attention = PositionalAttention(16, 2, encoder_decoder_attention=True)
+    keys, queries = torch.randn(5, 1, 16), torch.randn(4, 1, 16)
+    mask = torch.zeros(4, 5)
+    mask[0] = -INF  # query 0 sees no key
+    expected = attention(queries, keys, keys, attn_mask=mask, need_weights=False)[0]
+    expected.sum().backward()
+    expected_grads = {n: p.grad.clone() for n, p in attention.named_parameters()}
+    attention.zero_grad()
+
+    monkeypatch.setattr(positional_attention.F, "scaled_dot_product_attention",
+                        _nan_for_rows_without_keys(F.scaled_dot_product_attention))
+    monkeypatch.setattr(positional_attention, "guards_rows_without_keys", lambda q: guarded)
+    got = attention(queries, keys, keys, attn_mask=mask, need_weights=False)[0]
+    if not guarded:
+        assert torch.isnan(got[0]).all() and torch.isfinite(got[1:]).all()
+        return
+    # the same operations on the same values where a key is seen, and 0 + the output bias
+    # where none is: bit for bit
+    assert torch.equal(got, expected)
+    got.sum().backward()
+    for name, param in attention.named_parameters():
+        assert torch.equal(param.grad, expected_grads[name]), name
 
 
 # -- checkpoints from before the flag -------------------------------------------------------

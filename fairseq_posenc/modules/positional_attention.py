@@ -27,6 +27,12 @@ from ..positions.base import AttentionPositions
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
+def guards_rows_without_keys(q: Tensor) -> bool:
+    """Whether SDPA's rows with no visible key are zeroed by hand: on CUDA, where a kernel has
+    given NaN for them; torch's CPU kernels give 0 themselves (tests/test_alibi_encoder.py)."""
+    return q.is_cuda
+
+
 class PositionalAttention(MultiheadAttention):
     """Multi-head attention with an optional head size independent of ``embed_dim / num_heads``.
 
@@ -190,6 +196,14 @@ class PositionalAttention(MultiheadAttention):
             for term in value_terms:
                 out = out + term.value_term(self.layer_idx, probs, pos)
         else:
+            blocked = None
+            if mask is not None and guards_rows_without_keys(q):
+                # torch's memory-efficient CUDA kernel has returned NaN for a row whose every
+                # key is masked (pytorch/pytorch#110213) where the CPU kernels return 0, and
+                # 0 x NaN is NaN in every later layer: no kernel sees such a row, and its
+                # output is 0, as on CPU. Not verified on a GPU here (none was lent).
+                blocked = torch.isneginf(mask).all(dim=-1, keepdim=True)
+                mask = mask.masked_fill(blocked, 0.0)
             out = F.scaled_dot_product_attention(
                 q,
                 k,
@@ -198,6 +212,8 @@ class PositionalAttention(MultiheadAttention):
                 dropout_p=self.dropout_module.p if self.training else 0.0,
                 scale=self.scaling,
             )
+            if blocked is not None:
+                out = out.masked_fill(blocked, 0.0)
 
         if beams > 1:
             # (B, H, beam * T, D) -> (B * beam, H, T, D)
