@@ -21,8 +21,15 @@ $(STAMP): requirements.txt requirements-fairseq.txt setup.py fairseq_posenc/csrc
 	$(PY) -c "import fairseq, fairseq_posenc, torch; print('installed fairseq', fairseq.__version__, 'torch', torch.__version__)"
 	touch $@
 
+# Two pytest workers (pytest-xdist), one file per worker at a time so that a file's fixtures are
+# built once, each worker on one torch thread unless OMP_NUM_THREADS says otherwise: most of the
+# suite is fairseq-train and fairseq-generate processes, whose start-up (imports, one core)
+# leaves the second core idle in a serial run. TEST_WORKERS=0 runs serially in one process.
+TEST_WORKERS ?= 2
+
 test: install
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VENV)/bin/pytest \
+		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The float comparisons (tests marked numerics) under each vector kernel set torch can pick on
 # this CPU (default always; avx2 and avx512 where /proc/cpuinfo lists them: ATen's avx512 kernels
