@@ -96,6 +96,31 @@ def split_by_length(src_path: str, tgt_path: str, out_dir: str, src_lang: str, t
     return manifest
 
 
+def words_in(line: str, segmentation: str) -> int:
+    """Tokens of a line before its subword segmentation: subword-nmt marks a piece continued by the
+    next with a trailing ``@@``, sentencepiece a piece that starts a token with ``\u2581``."""
+    pieces = line.split()
+    if segmentation == "subword_nmt":
+        return sum(not p.endswith("@@") for p in pieces)
+    if segmentation == "sentencepiece":
+        return sum(p.startswith("\u2581") for p in pieces)
+    if segmentation == "none":
+        return len(pieces)
+    raise ValueError(f"segmentation must be none, subword_nmt or sentencepiece, got {segmentation!r}")
+
+
+def keep_short(src_path: str, tgt_path: str, out_prefix: str, src_lang: str, tgt_lang: str, train_below: int,
+               segmentation: str = "none") -> Tuple[int, int]:
+    """Write the pairs whose source is shorter than ``train_below`` (counted before
+    ``segmentation``) to ``out_prefix.{src,tgt}``: a validation set that, like the training part,
+    holds no test length. Returns (kept, read)."""
+    pairs = list(read_parallel(src_path, tgt_path))
+    kept = [p for p in pairs if words_in(p[0], segmentation) < train_below]
+    for lang, column in ((src_lang, 0), (tgt_lang, 1)):
+        _write_lines(f"{out_prefix}.{lang}", [p[column] for p in kept])
+    return len(kept), len(pairs)
+
+
 def _write_lines(path: str, lines: Sequence[str]):
     write_text_atomically(path, "".join(line + "\n" for line in lines))
 

@@ -4,36 +4,42 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-[ -d "$ROOT/.venv/bin" ] && export PATH="$ROOT/.venv/bin:$PATH"  # what `make install` built
+# what `make install` built, unless PATH already has it (where a caller put commands before it)
+case ":$PATH:" in *":$ROOT/.venv/bin:"*) ;; *) [ -d "$ROOT/.venv/bin" ] && export PATH="$ROOT/.venv/bin:$PATH" ;; esac
 PYTHON="${PYTHON:-python}"
 SCRIPTS="$ROOT/scripts"
 USER_DIR="$ROOT/fairseq_posenc"
 
 die() { echo "$(basename "$0"): $*" >&2; exit 2; }
 
-# step NAME DESCRIPTION CMD...: run CMD unless an earlier run finished it with the same settings
-# ($WORK/.done/NAME, see scripts/steps.py). STEP_SETTINGS="KEY=VALUE ..." (no spaces inside a
-# value) are the settings its outputs depend on; a step is also redone when the step before it
-# (STEP_AFTER, default the previous step called) ran again since, so a change redoes everything
-# after it. Each step writes its outputs before its marker: an interrupted step is redone whole.
+# step NAME DESCRIPTION CMD...: run CMD unless an earlier run finished it with the same inputs
+# ($WORK/.done/NAME, see scripts/steps.py). Each step declares what its outputs depend on:
+# STEP_SETTINGS="KEY=VALUE ..." (no spaces inside a value), STEP_INPUTS="NAME=PATH ..." (files or
+# directories it reads, by content), and the step before it (STEP_AFTER, default the previous step
+# called), whose redoing redoes it, so a change redoes everything after it. Each step writes its
+# outputs before its marker: an interrupted step is redone whole.
 LAST_STEP=""
 step() {
   local name=$1 desc=$2; shift 2
-  local after="${STEP_AFTER-$LAST_STEP}" settings="${STEP_SETTINGS:-}" reason
-  STEP_SETTINGS="" ; unset STEP_AFTER
-  # shellcheck disable=SC2086
-  if reason="$("$PYTHON" "$SCRIPTS/steps.py" check --dir "$WORK/.done" --name "$name" --after "$after" \
-                --settings $settings)"; then
-    echo "== $desc: done before, skipping (delete $WORK/.done/$name to redo)"
+  local after="${STEP_AFTER-$LAST_STEP}" settings="${STEP_SETTINGS:-}" inputs="${STEP_INPUTS:-}" hint reason
+  hint="${STEP_REDO_HINT:-delete $WORK/.done/$name to redo}"
+  STEP_SETTINGS="" ; STEP_INPUTS="" ; STEP_REDO_HINT="" ; unset STEP_AFTER
+  local declared=(--dir "$WORK/.done" --name "$name" --after "$after")
+  # shellcheck disable=SC2206
+  declared+=(--settings $settings)
+  # shellcheck disable=SC2206
+  [ -n "$inputs" ] && declared+=(--input $inputs)
+  reason="$("$PYTHON" "$SCRIPTS/steps.py" check "${declared[@]}")" && {
+    echo "== $desc: done before, skipping ($hint)"
     LAST_STEP=$name
     return 0
-  fi
+  }
+  [ -n "$reason" ] || exit 2  # steps.py refused (an input missing): it said why
   STEP_REASON=$reason  # for the step's command: "not done yet" (resume a first run) or why it is stale
   if [ "$reason" = "not done yet" ]; then echo "== $desc"; else echo "== $desc: redoing ($reason)"; fi
   local start=$SECONDS
   "$@"
-  # shellcheck disable=SC2086
-  "$PYTHON" "$SCRIPTS/steps.py" done --dir "$WORK/.done" --name "$name" --after "$after" --settings $settings
+  "$PYTHON" "$SCRIPTS/steps.py" done "${declared[@]}"
   LAST_STEP=$name
   echo "   ($((SECONDS - start)) s)"
 }
@@ -237,8 +243,18 @@ parse_run_args() {
   done
 }
 
+# what differs between the corpora of the recipes (keyed by the corpus's RECIPE, so that the
+# extrapolation recipe on an En-Fr corpus gets En-Fr's)
+recipe_defaults() {
+  case "$RECIPE" in
+    wmt14_en_fr) BIG_DROPOUT="${BIG_DROPOUT:-0.1}"     # Vaswani et al.: big En-Fr used dropout 0.1
+                 FLOATER_EPOCHS="${FLOATER_EPOCHS:-1}" ;; # FLOATER trained En-Fr one epoch after the warm start
+  esac
+}
+
 # the Scaling NMT flags (Ott et al., 2018) with the papers' base/big settings
 set_training_defaults() {
+  recipe_defaults
   ENC="${ENC:-sinusoidal}"
   ARCH="${ARCH:-base}"
   case "$ARCH" in
@@ -251,6 +267,9 @@ set_training_defaults() {
   DROPOUT="${DROPOUT:-$DEFAULT_DROPOUT}"
   LR="${LR:-$DEFAULT_LR}"
   MAX_EPOCH="${MAX_EPOCH:-}"
+  # FLOATER's Appendix B.2 trains the vanilla model 30 epochs (for En-De and En-Fr alike) before
+  # the warm start; MAX_UPDATE, if given, can stop it earlier
+  [ "$ENC" = floater ] && MAX_EPOCH="${MAX_EPOCH:-${VANILLA_EPOCHS:-30}}"
   # MAX_EPOCH alone stops at that epoch; MAX_UPDATE (100k base, 300k big) otherwise
   if [ -n "$MAX_EPOCH" ]; then MAX_UPDATE="${MAX_UPDATE:-}"; else MAX_UPDATE="${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}"; fi
   AVERAGE="${AVERAGE:-$DEFAULT_AVERAGE}"
@@ -295,22 +314,69 @@ plan_training() {
   fi
 }
 
-run_settings() {  # DATA_BIN: what a trained model depends on, besides how long it trains
-  echo "enc=$ENC arch=$ARCH lr=$LR dropout=$DROPOUT warmup=$WARMUP max_tokens=$MAX_TOKENS" \
-    "precision=$DEVICE_FLAGS model_flags=$MODEL_FLAGS extra_flags=$EXTRA_FLAGS data_bin=$(cd "$1" && pwd)"
+# run_settings DATA_BIN: what a trained model depends on besides how long it trains, one KEY=VALUE
+# a line: the settings as given (before the plan fits the batch to the GPUs, so that a run can
+# resume on other hardware) and the training data by content (scripts/steps.py fingerprint of the
+# dictionaries, train and valid: the same corpus at another path is the same run, another corpus
+# at the same path is not, and another test set changes no model)
+run_settings() {
+  printf '%s\n' "enc=$ENC" "arch=$ARCH" "lr=$LR" "dropout=$DROPOUT" "warmup=$WARMUP" "max_tokens=$MAX_TOKENS" \
+    "save_interval=$SAVE_INTERVAL_UPDATES" "precision=$DEVICE_FLAGS" "model_flags=$MODEL_FLAGS" \
+    "extra_flags=$EXTRA_FLAGS" "data=$("$PYTHON" "$SCRIPTS/steps.py" fingerprint --training-data "$1")"
 }
 
-# guard_run_settings DATA_BIN: fairseq-train resumes from OUT's checkpoint_last.pt whatever its
-# flags, so a run into an OUT trained with other settings would silently continue it (or stop at
-# once as finished) and be labelled with the new ones. Refuse that; a larger MAX_UPDATE or
-# MAX_EPOCH is a resumption and allowed.
-guard_run_settings() {
-  local settings; settings="$(run_settings "$1")"
-  if [ -f "$OUT/run.settings" ] && [ "$(cat "$OUT/run.settings")" != "$settings" ] \
-      && [ -n "$(find "$OUT" -name 'checkpoint*.pt' -print -quit)" ]; then
-    die "OUT=$OUT holds checkpoints of a run with other settings ($(cat "$OUT/run.settings")); fairseq-train would resume it: use another OUT, or delete its checkpoints to start over"
+# train_stage SAVE_DIR AFTER_DIR MAX_UPDATE MAX_EPOCH SETTING... -- FAIRSEQ_TRAIN_ARGS...
+# One fairseq-train into SAVE_DIR, started from the stage in AFTER_DIR ("" for none).
+# scripts/steps.py stage decides from SAVE_DIR/stage.json and the checkpoints: start, resume
+# (interrupted, or a larger budget), skip (finished: fairseq-train would train one update more and
+# could replace checkpoint_best.pt), restart (AFTER_DIR trained again since, or other settings under
+# STAGE_ON_CHANGE=restart), or refuse (other settings, checkpoints without a record unless
+# ADOPT_RUN=1, a budget below what was trained). With several nodes the first decides and acts,
+# the others take its decision (LAUNCH_ID names the launch they share).
+train_stage() {
+  local save_dir=$1 after_dir=$2 max_update=${3:--} max_epoch=${4:--}; shift 4
+  local settings=() decision
+  while [ "$1" != -- ]; do settings+=("$1"); shift; done; shift
+  local stage=(--save-dir "$save_dir" --after-dir "$after_dir" --max-update "$max_update" --max-epoch "$max_epoch")
+  if [ "${FIRST_NODE:-1}" = 1 ]; then
+    local flags=(--on-change "${STAGE_ON_CHANGE:-refuse}" --act)
+    [ "${ADOPT_RUN:-0}" = 1 ] && flags+=(--adopt)
+    [ -n "${LAUNCH_ID:-}" ] && flags+=(--launch "$LAUNCH_ID")
+    decision="$("$PYTHON" "$SCRIPTS/steps.py" stage "${stage[@]}" "${flags[@]}" --settings "${settings[@]}")" || exit 2
+    printf '\n== %s %s: %s\n' "$(date -u '+%F %T UTC')" "$save_dir" "$decision" >> "$save_dir/train.log"
+  else
+    [ -n "${LAUNCH_ID:-}" ] || die "FIRST_NODE=0 needs LAUNCH_ID, shared by every node of the launch"
+    decision="$("$PYTHON" "$SCRIPTS/steps.py" stage "${stage[@]}" --launch "$LAUNCH_ID" --wait "${STAGE_WAIT:-1800}")" || exit 2
   fi
-  mkdir -p "$OUT" && printf '%s\n' "$settings" > "$OUT/run.settings"
+  echo "   $save_dir: $decision"
+  [ "${decision%% *}" = skip ] && return 0
+  launch_fairseq_train "$save_dir" "$@"
+  if [ "${FIRST_NODE:-1}" = 1 ]; then
+    "$PYTHON" "$SCRIPTS/steps.py" stage-done --save-dir "$save_dir" --max-update "$max_update" --max-epoch "$max_epoch"
+  fi
+}
+
+# the Scaling NMT flags every recipe trains with (Ott et al., 2018), into the array FAIRSEQ_FLAGS
+scaling_nmt_flags() {
+  FAIRSEQ_FLAGS=(--user-dir "$USER_DIR" --share-all-embeddings
+    --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-9 --clip-norm 0.0
+    --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --weight-decay 0.0 --dropout "$DROPOUT"
+    --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --save-interval-updates "$SAVE_INTERVAL_UPDATES"
+    --no-epoch-checkpoints --no-progress-bar --log-interval 100 --log-format simple)
+}
+
+# launch_fairseq_train SAVE_DIR ARGS...: fairseq-train ARGS --save-dir SAVE_DIR with the plan's
+# device flags. The log is appended to SAVE_DIR/train.log, each run under a dated header, so a
+# run resumed after a preemption keeps the loss history; train and valid lines are echoed.
+launch_fairseq_train() {
+  local save_dir=$1; shift
+  mkdir -p "$save_dir"
+  printf '\n== %s fairseq-train %s\n' "$(date -u '+%F %T UTC')" "$*" >> "$save_dir/train.log"
+  # shellcheck disable=SC2086
+  fairseq-train "$@" --save-dir "$save_dir" $TRAIN_DEVICE_FLAGS 2>&1 \
+    | tee -a "$save_dir/train.log" | awk '/\| (train|valid) \| epoch|done training/ { print "   " $0; fflush() }' \
+    || die "fairseq-train failed (log: $save_dir/train.log)"
 }
 
 # train_model DATA_BIN
@@ -326,24 +392,19 @@ train_model() {
       EXTRA_FLAGS="$EXTRA_FLAGS" DRY_RUN="${DRY_RUN:-0}" bash "$ROOT/recipes/floater/train.sh"
     return
   fi
+  local settings; mapfile -t settings < <(run_settings "$data_bin")
   plan_training "$data_bin"
   if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained (device flags: ${TRAIN_DEVICE_FLAGS:-none})"; return 0; fi
-  guard_run_settings "$data_bin"
+  mkdir -p "$OUT"
   # what evaluate.sh checks the last checkpoint against
-  printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$MAX_UPDATE" "$MAX_EPOCH" > "$OUT/train.env"
+  [ "${FIRST_NODE:-1}" = 1 ] && printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$MAX_UPDATE" "$MAX_EPOCH" > "$OUT/train.env"
   echo "== fairseq-train --arch transformer_${ENC}_$SUFFIX: lr $LR, dropout $DROPOUT, max tokens $MAX_TOKENS x $UPDATE_FREQ," \
     "${MAX_EPOCH:+$MAX_EPOCH epochs / }${MAX_UPDATE:+$MAX_UPDATE updates }-> $OUT on $DEVICE_DESC (log: $OUT/train.log)"
+  scaling_nmt_flags
   # shellcheck disable=SC2086
-  fairseq-train "$data_bin" --user-dir "$USER_DIR" --arch "transformer_${ENC}_$SUFFIX" --share-all-embeddings \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-9 --clip-norm 0.0 \
-    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07 \
-    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --weight-decay 0.0 --dropout "$DROPOUT" \
-    --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" ${MAX_UPDATE:+--max-update $MAX_UPDATE} \
-    ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} --save-interval-updates "$SAVE_INTERVAL_UPDATES" \
-    --keep-interval-updates "$AVERAGE" --no-epoch-checkpoints $TRAIN_DEVICE_FLAGS \
-    --save-dir "$OUT" --no-progress-bar --log-interval 100 --log-format simple $MODEL_FLAGS $EXTRA_FLAGS 2>&1 \
-    | tee "$OUT/train.log" | awk '/\| (train|valid) \| epoch|done training/ { print "   " $0; fflush() }' \
-    || die "fairseq-train failed (log: $OUT/train.log)"
+  train_stage "$OUT" "" "$MAX_UPDATE" "$MAX_EPOCH" "${settings[@]}" -- "$data_bin" "${FAIRSEQ_FLAGS[@]}" \
+    --arch "transformer_${ENC}_$SUFFIX" --lr "$LR" ${MAX_UPDATE:+--max-update $MAX_UPDATE} \
+    ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} --keep-interval-updates "$AVERAGE" $MODEL_FLAGS $EXTRA_FLAGS
 }
 
 # check_finished: the last checkpoint reached what train.sh was asked for, or ALLOW_UNFINISHED=1

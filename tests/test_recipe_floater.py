@@ -35,7 +35,12 @@ def test_floater_protocol_recipe(tmp_path):
     # stage 1: MAX_UPDATE honoured, only best, last and one interval checkpoint kept
     vanilla_last = torch.load(out / "vanilla" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert vanilla_last["optimizer_history"][-1]["num_updates"] == 8
-    assert sorted(os.listdir(out / "vanilla")) == ["checkpoint_1_8.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    assert sorted(os.listdir(out / "vanilla")) == ["checkpoint_1_8.pt", "checkpoint_best.pt", "checkpoint_last.pt",
+                                                   "stage.json", "train.log"]
+    # each stage logs (appended to on a re-run): fairseq's own lines, its last update included
+    for stage, updates in (("vanilla", 8), ("floater", 5)):
+        log = (out / stage / "train.log").read_text()
+        assert f"num_updates {updates}" in log and "done training" in log
 
     vanilla = torch.load(out / "vanilla" / "checkpoint_best.pt", map_location="cpu", weights_only=False)
     first = torch.load(out / "floater" / "checkpoint_1_1.pt", map_location="cpu", weights_only=False)

@@ -300,7 +300,7 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     # model, find it finished and decode it under the new label)
     old = torch.load(out / "sinusoidal" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     stdout = ok(run("extrapolation/run.sh", env={**env, "ENCODINGS": "sinusoidal", "LR": "4e-3"}))
-    assert "redoing" in stdout and "starting sinusoidal over: removing its old checkpoints" in stdout
+    assert "redoing" in stdout and "sinusoidal: restart settings changed: lr 5e-3 -> 4e-3" in stdout
     new = torch.load(out / "sinusoidal" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert old["cfg"]["optimization"]["lr"] == [5e-3] and new["cfg"]["optimization"]["lr"] == [4e-3]
     train_log = (out / "sinusoidal" / "train.log").read_text()
@@ -500,11 +500,12 @@ def test_en_fr_floater_big_plans_the_papers_one_epoch_half_lr_and_last_5(prepare
     data = prepared("wmt14_en_fr", "sentencepiece")[0] / "data"
     env = {k: v for k, v in TRAIN_ENV.items() if k not in ("AVERAGE", "LR", "MAX_EPOCH")}
     env.update({"DATA": str(data), "OUT": str(tmp_path / "run"), "ENC": "floater", "ARCH": "big",
-                "MAX_UPDATE": "300", "SAVE_INTERVAL_UPDATES": "1"})
+                "SAVE_INTERVAL_UPDATES": "1"})
     out = ok(run("wmt14_en_fr/train.sh", ["--dry-run"], env=env))
     per_epoch = plan_numbers(out)[0]
     assert "== FLOATER protocol (big): vanilla at lr 5e-4, FLOATER at lr 0.00025, dropout 0.1" in out
-    assert "| stage vanilla: ends at its update 300 (" in out
+    # the paper's Appendix B.2: the vanilla model trains 30 epochs (not the baseline's MAX_UPDATE)
+    assert f"| stage vanilla: ends at its update {30 * per_epoch} (30.00 epochs, --max-epoch)" in out
     assert f"| stage floater: ends at its update {per_epoch} (1.00 epochs, --max-epoch)" in out
     assert "the last 5 kept (--keep-interval-updates)" in out and "== --dry-run: nothing trained" in out
 
@@ -554,6 +555,43 @@ def test_extrapolation_dry_run_plans_each_model_with_its_own_defaults_and_a_new_
     proc = run("extrapolation/run.sh", ["--pair", "de-en"], env=env)
     assert proc.returncode == 2 and "--pair: wmt14_en_de has one pair" in proc.stderr
 
+    # the validation set is cut at TRAIN_BELOW too (counted in words: subword-nmt's @@ undone), so
+    # that checkpoint selection sees no test length
+    valid = lines(out / "split" / "valid.en")
+    full_valid = lines(base / "data" / "valid.en")
+    words = [sum(not t.endswith("@@") for t in line.split()) for line in full_valid]
+    assert len(valid) == sum(w < 12 for w in words) and 0 < len(valid) < len(full_valid)
+    assert f"valid: {len(valid):7d} of {len(full_valid)} validation pairs (sources < 12)" in stdout
+    # the split is stamped by content: the same corpus at another path is done; the corpus
+    # changed at the same path (one training pair less) redoes the split and what follows
+    moved = tmp_path / "moved"
+    shutil.copytree(base / "data", moved)
+    env = {**env, "DATA": str(moved), "BINS": "12 20"}
+    stdout = ok(run("extrapolation/run.sh", ["--dry-run"], env=env))
+    assert re.search(r"== \[split\] .*: done before, skipping", stdout), stdout
+    for lang in ("en", "de"):
+        text = lines(moved / f"train.tok.{lang}")
+        (moved / f"train.tok.{lang}").write_text("".join(line + "\n" for line in text[1:]), encoding="utf-8")
+    stdout = ok(run("extrapolation/run.sh", ["--dry-run"], env=env))
+    assert re.search(r"== \[split\] .*: redoing \(settings changed: input.text_src \w+ -> \w+, input.text_tgt", stdout), stdout
+    assert re.search(r"== \[preprocess\] .*: redoing", stdout), stdout
+
+
+def test_extrapolation_on_an_en_fr_corpus_keeps_en_frs_defaults(prepared, tmp_path):
+    """The extrapolation recipe takes the corpus's recipe defaults: En-Fr big trains with dropout
+    0.1 (Vaswani et al.) and FLOATER's stage one epoch (Liu et al.), as recipes/wmt14_en_fr does."""
+    base = prepared("wmt14_en_fr")[0]
+    env = {k: v for k, v in TRAIN_ENV.items() if k not in ("LR", "MAX_EPOCH")}
+    env.update({"DATA": str(base / "data"), "OUT": str(tmp_path / "x"), "ENCODINGS": "floater", "ARCH": "big",
+                "MAX_UPDATE": "400", "SAVE_INTERVAL_UPDATES": "1", "TRAIN_BELOW": "12", "BINS": "12 15",
+                "UNIT": "words"})
+    stdout = ok(run("extrapolation/run.sh", ["--dry-run"], env=env))
+    assert "== FLOATER protocol (big): vanilla at lr 5e-4, FLOATER at lr 0.00025, dropout 0.1 " in stdout
+    assert re.search(r"\| stage floater: ends at its update \d+ \(1\.00 epochs, --max-epoch\)", stdout), stdout
+    # its validation set, sentencepiece-segmented, is cut at 12 words (pieces that start with U+2581)
+    valid = lines(tmp_path / "x" / "split" / "valid.en")
+    assert valid and all(sum(p.startswith("\u2581") for p in line.split()) < 12 for line in valid)
+
 
 def test_train_into_an_out_of_other_settings_is_refused(prepared, tmp_path):
     """fairseq-train resumes from OUT's checkpoint_last.pt whatever its flags: a second run with
@@ -562,8 +600,20 @@ def test_train_into_an_out_of_other_settings_is_refused(prepared, tmp_path):
     env = {**TRAIN_ENV, "DATA": str(data), "OUT": str(tmp_path / "run"), "MAX_EPOCH": "", "MAX_UPDATE": "4",
            "SAVE_INTERVAL_UPDATES": "2"}
     ok(run("wmt14_en_de/train.sh", env=env))
-    ok(run("wmt14_en_de/train.sh", env={**env, "MAX_UPDATE": "6"}))  # training longer resumes
+    best = (tmp_path / "run" / "checkpoint_best.pt").stat().st_mtime_ns
+    # a finished run is not trained further (fairseq-train would train one update more)
+    stdout = ok(run("wmt14_en_de/train.sh", env=env))
+    assert f"{tmp_path / 'run'}: skip finished at update 4 (update 4)" in stdout
+    assert torch.load(tmp_path / "run" / "checkpoint_last.pt", weights_only=False)["optimizer_history"][-1][
+        "num_updates"] == 4 and (tmp_path / "run" / "checkpoint_best.pt").stat().st_mtime_ns == best
+    stdout = ok(run("wmt14_en_de/train.sh", env={**env, "MAX_UPDATE": "6"}))  # training longer resumes
+    assert f"{tmp_path / 'run'}: resume stopped at update 4 of update 6" in stdout
+    assert torch.load(tmp_path / "run" / "checkpoint_last.pt", weights_only=False)["optimizer_history"][-1][
+        "num_updates"] == 6
     proc = run("wmt14_en_de/train.sh", env={**env, "MAX_UPDATE": "6", "LR": "1e-3"})
     assert proc.returncode == 2
-    assert f"OUT={tmp_path / 'run'} holds checkpoints of a run with other settings (enc=sinusoidal arch=base lr=5e-3" \
-        in proc.stderr and "use another OUT, or delete its checkpoints to start over" in proc.stderr
+    assert (f"{tmp_path / 'run'} holds checkpoints of a run with other settings (settings changed: lr 5e-3 -> 1e-3); "
+            "fairseq-train would resume it: use another OUT, or delete its checkpoints to start over") in proc.stderr
+    # the log of all three runs, appended
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert log.count(": start nothing trained yet") == 1 and log.count(": resume stopped at update 4") == 1

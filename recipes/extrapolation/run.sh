@@ -21,8 +21,10 @@
 #   ARCH, LR, MAX_TOKENS, MAX_UPDATE, ... as recipes/wmt14_en_de/train.sh; BEAM (4), LENPEN (0.6)
 #
 # A re-run skips the encodings already trained and decoded (markers in OUT/.done/ record each
-# step's settings: changing UNIT, TRAIN_BELOW or BINS redoes the split and every model after it,
-# changing a model's settings redoes that model).
+# step's settings and inputs: changing UNIT, TRAIN_BELOW or BINS, or the corpus in DATA (by content,
+# not path), redoes the split and every model after it; changing a model's settings trains that
+# model again; deleting OUT/.done/model_* decodes it again, deleting its directory retrains it).
+# The validation set is cut at TRAIN_BELOW like the training part.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 DATA="${DATA:?set DATA to a corpus prepared by recipes/*/prepare.sh}"
@@ -44,9 +46,11 @@ ROOT_OUT="${OUT:-runs/extrapolation/$RECIPE}"
 WORK="$ROOT_OUT"            # step markers
 BPE_DIR="$DATA/bpe"         # the corpus's own BPE, for UNIT=words
 SPLIT="$ROOT_OUT/split"
+# the validation set (DATA/valid.*, segmented) is cut at TRAIN_BELOW too, counted in UNIT
 case "$UNIT" in
-  subwords) COUNTED="$DATA/train" SEGMENTED="$SPLIT" ;;
-  words) COUNTED="$DATA/train.tok" SEGMENTED="$SPLIT/bpe" ;;
+  subwords) COUNTED="$DATA/train" SEGMENTED="$SPLIT" VALID_SEGMENTATION=none ;;
+  words) COUNTED="$DATA/train.tok" SEGMENTED="$SPLIT/bpe"
+         VALID_SEGMENTATION=$([ "$BPE" = sentencepiece ] && echo sentencepiece || echo subword_nmt) ;;
   *) die "UNIT must be subwords or words, got '$UNIT'" ;;
 esac
 
@@ -54,7 +58,8 @@ _split() {
   rm -rf "$SPLIT"  # no bin file of an earlier BINS may stay behind to be concatenated below
   # shellcheck disable=SC2086
   "$PYTHON" "$SCRIPTS/length_split.py" --src "$COUNTED.$SRC" --tgt "$COUNTED.$TGT" --src-lang "$SRC" \
-    --tgt-lang "$TGT" --out-dir "$SPLIT" --train-below "$TRAIN_BELOW" --bins $BINS --unit "$UNIT"
+    --tgt-lang "$TGT" --out-dir "$SPLIT" --train-below "$TRAIN_BELOW" --bins $BINS --unit "$UNIT" \
+    --valid-src "$DATA/valid.$SRC" --valid-tgt "$DATA/valid.$TGT" --valid-segmentation "$VALID_SEGMENTATION"
   for l in "$SRC" "$TGT"; do  # one test set of every long pair (sorted by name; the report bins by length)
     cat "$SPLIT"/long.*."$l" > "$SPLIT/long.$l"
   done
@@ -70,7 +75,7 @@ _split() {
 _preprocess() {
   rm -rf "$ROOT_OUT/data-bin"
   fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" --trainpref "$SEGMENTED/train" \
-    --validpref "$DATA/valid" --testpref "$SEGMENTED/long" --destdir "$ROOT_OUT/data-bin" \
+    --validpref "$SPLIT/valid" --testpref "$SEGMENTED/long" --destdir "$ROOT_OUT/data-bin" \
     --srcdict "$DATA/data-bin/dict.$SRC.txt" --joined-dictionary --workers "$WORKERS" \
     > "$ROOT_OUT/preprocess.log" 2>&1 || die "fairseq-preprocess failed (log: $ROOT_OUT/preprocess.log)"
 }
@@ -79,14 +84,10 @@ _preprocess() {
 # The common x + 50 limit would cut outputs of sources past 80 tokens, and these are the long
 # ones: 1.5x + 50 (given after it, so it wins) leaves room for a model that runs on.
 LIMIT=(--max-len-a 1.5 --max-len-b 50)
+# The recipe owns its models: one trained with other settings or data is trained again
+# (STAGE_ON_CHANGE=restart); a finished one is not trained further (it is decoded again).
 _train_and_decode() {
-  if [ "$STEP_REASON" != "not done yet" ]; then
-    # stale (new settings, or a new split): fairseq-train would resume the old model
-    echo "   starting $ENC over: removing its old checkpoints in $OUT"
-    find "$OUT" -name 'checkpoint*.pt' -delete 2>/dev/null || true
-    rm -f "$OUT/run.settings"
-  fi
-  train_model "$ROOT_OUT/data-bin"
+  STAGE_ON_CHANGE=restart train_model "$ROOT_OUT/data-bin"
   if [ "$UNIT" = words ]; then
     average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt" "${LIMIT[@]}" "$(remove_bpe_flag)"
     segmentation=none
@@ -111,9 +112,13 @@ mkdir -p "$ROOT_OUT"
 echo "== short-to-long on $DATA ($SRC-$TGT): train below $TRAIN_BELOW $UNIT, bins $BINS; encodings: $ENCODINGS"
 # the split and its binarized corpus are what the plan counts updates per epoch from, so a dry
 # run makes them too (data work, no training)
-STEP_SETTINGS="unit=$UNIT train_below=$TRAIN_BELOW bins=${BINS// /,}" \
+# declared inputs: the text the lengths are counted in and the validation set, by content (another
+# corpus, or this one prepared again with another BPE, redoes the split and all after it)
+split_inputs="text_src=$COUNTED.$SRC text_tgt=$COUNTED.$TGT valid_src=$DATA/valid.$SRC valid_tgt=$DATA/valid.$TGT"
+[ "$UNIT" = words ] && split_inputs+=" bpe=$DATA/bpe"
+STEP_SETTINGS="unit=$UNIT train_below=$TRAIN_BELOW bins=${BINS// /,}" STEP_INPUTS="$split_inputs" \
   step split "[split] length_split.py -> $SPLIT" _split
-step preprocess "[preprocess] fairseq-preprocess with the corpus's dictionary -> $ROOT_OUT/data-bin" _preprocess
+STEP_INPUTS="dictionary=$DATA/data-bin/dict.$SRC.txt" step preprocess "[preprocess] fairseq-preprocess with the corpus's dictionary -> $ROOT_OUT/data-bin" _preprocess
 generations=() logs=()
 for ENC in $ENCODINGS; do
   files=""
@@ -132,7 +137,7 @@ for ENC in $ENCODINGS; do
         exit 0
       fi
       # shellcheck disable=SC2046
-      STEP_AFTER=preprocess STEP_SETTINGS="$(_model_settings)" \
+      STEP_AFTER=preprocess STEP_SETTINGS="$(_model_settings)" STEP_REDO_HINT="delete $WORK/.done/$name to decode it again, $OUT to train it again" \
         step "$name" "[$ENC seed $SEED] train, average, decode the long pairs -> $OUT" _train_and_decode
     )
     files="${files:+$files,}$model_out/generate.long.detok.txt"

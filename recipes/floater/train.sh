@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # FLOATER's training protocol (Liu et al., 2020), over fairseq's CLI:
-#   1. train a vanilla (sinusoidal) Transformer (MAX_UPDATE / MAX_EPOCH, as any other model),
+#   1. train a vanilla (sinusoidal) Transformer 30 epochs (the paper's Appendix B.2; MAX_EPOCH or
+#      VANILLA_EPOCHS change it, MAX_UPDATE stops it earlier),
 #   2. warm-start FLOATER from its best checkpoint (h's output layer and the initial states at
 #      0: at first exactly the vanilla model) and train FLOATER_EPOCHS more epochs (10 for
 #      En-De, 1 for En-Fr) at half the peak learning rate,
@@ -9,6 +10,11 @@
 #   DATA_BIN=data/wmt14_en_de/data-bin OUT=runs/floater ARCH=base bash recipes/floater/train.sh [--dry-run]
 #
 #   --dry-run   print the plan of both stages (devices, batch, updates, checkpoints, averaging, disk)
+#
+# A re-run continues where it stopped: a finished stage is skipped, a stage with a larger budget
+# resumes, and when the vanilla stage trained again, the FLOATER stage starts over from its new
+# best checkpoint (OUT/*/stage.json records each stage; logs in OUT/vanilla/train.log and
+# OUT/floater/train.log).
 #   env: ARCH (base | big), LR (7e-4 base, 5e-4 big; FLOATER continues at LR / 2), MAX_UPDATE,
 #        MAX_EPOCH (stage 1; VANILLA_EPOCHS is read as MAX_EPOCH), FLOATER_EPOCHS (10),
 #        FLOATER_MAX_UPDATE, WARMUP (4000), DROPOUT, MAX_TOKENS, UPDATE_FREQ (auto),
@@ -27,30 +33,29 @@ HALF_LR=$("$PYTHON" -c "print(float('$LR') / 2)")
 echo "== FLOATER protocol ($ARCH): vanilla at lr $LR, FLOATER at lr $HALF_LR, dropout $DROPOUT -> $OUT"
 plan_training "$DATA_BIN"
 if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained"; exit 0; fi
-guard_run_settings "$DATA_BIN"
-printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" > "$OUT/train.env"
+mkdir -p "$OUT"
+[ "${FIRST_NODE:-1}" = 1 ] && printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" > "$OUT/train.env"
+mapfile -t settings < <(run_settings "$DATA_BIN")
 
-common=(--user-dir "$USER_DIR" --share-all-embeddings
-  --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-9 --clip-norm 0.0
-  --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07
-  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --weight-decay 0.0 --dropout "$DROPOUT"
-  --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --save-interval-updates "$SAVE_INTERVAL_UPDATES"
-  --no-epoch-checkpoints --no-progress-bar --log-interval 100 --log-format simple)
+scaling_nmt_flags
 
-# stage 1 keeps checkpoint_best.pt and checkpoint_last.pt only; it validates at every interval
+# stage 1 keeps checkpoint_best.pt, checkpoint_last.pt and its last interval checkpoint
 echo "== 1/3 vanilla transformer_sinusoidal_$SUFFIX, lr $LR, ${MAX_EPOCH:+$MAX_EPOCH epochs / }${MAX_UPDATE:+$MAX_UPDATE updates }on $DEVICE_DESC -> $OUT/vanilla"
 # shellcheck disable=SC2086
-fairseq-train "$DATA_BIN" "${common[@]}" --arch "transformer_sinusoidal_$SUFFIX" --lr "$LR" \
+train_stage "$OUT/vanilla" "" "$MAX_UPDATE" "$MAX_EPOCH" "${settings[@]}" stage=vanilla -- \
+  "$DATA_BIN" "${FAIRSEQ_FLAGS[@]}" --arch "transformer_sinusoidal_$SUFFIX" --lr "$LR" \
   ${MAX_UPDATE:+--max-update $MAX_UPDATE} ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} --keep-interval-updates 1 \
-  --save-dir "$OUT/vanilla" $TRAIN_DEVICE_FLAGS $MODEL_FLAGS $EXTRA_FLAGS
+  $MODEL_FLAGS $EXTRA_FLAGS
 
 echo "== 2/3 FLOATER warm-started from $OUT/vanilla/checkpoint_best.pt, lr $HALF_LR, $FLOATER_EPOCHS epochs${FLOATER_MAX_UPDATE:+ / $FLOATER_MAX_UPDATE updates} on $DEVICE_DESC"
 # shellcheck disable=SC2086
-fairseq-train "$DATA_BIN" "${common[@]}" --arch "transformer_floater_$SUFFIX" \
+train_stage "$OUT/floater" "$OUT/vanilla" "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" "${settings[@]}" stage=floater \
+  "floater_lr=$HALF_LR" -- "$DATA_BIN" "${FAIRSEQ_FLAGS[@]}" --arch "transformer_floater_$SUFFIX" \
   --floater-init-from "$OUT/vanilla/checkpoint_best.pt" --lr "$HALF_LR" \
   --max-epoch "$FLOATER_EPOCHS" ${FLOATER_MAX_UPDATE:+--max-update $FLOATER_MAX_UPDATE} \
-  --keep-interval-updates "$AVERAGE" --save-dir "$OUT/floater" $TRAIN_DEVICE_FLAGS $MODEL_FLAGS $EXTRA_FLAGS
+  --keep-interval-updates "$AVERAGE" $MODEL_FLAGS $EXTRA_FLAGS
 
+[ "${FIRST_NODE:-1}" = 1 ] || exit 0  # the first node averages
 echo "== 3/3 averaging the last $AVERAGE interval checkpoints -> $OUT/floater/averaged_last$AVERAGE.pt"
 "$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$OUT/floater" \
   --num-update-checkpoints "$AVERAGE" --output "$OUT/floater/averaged_last$AVERAGE.pt"

@@ -12,7 +12,7 @@
 #   ENC    any --position-encoding (sinusoidal, learned, none, diet_abs, diet_rel, shaw, t5, rope,
 #          alibi, floater): the plugin's transformer_${ENC}_wmt_en_de[_big] architecture.
 #          ENC=floater runs FLOATER's warm-start protocol (recipes/floater/train.sh; FLOATER_EPOCHS
-#          10, FLOATER_MAX_UPDATE).
+#          10, FLOATER_MAX_UPDATE; the vanilla stage 30 epochs, VANILLA_EPOCHS).
 #   ARCH   base | big
 #   env: DATA (data/wmt14_en_de), OUT (runs/wmt14_en_de/$ENC-$ARCH), LR, DROPOUT, WARMUP (4000),
 #        MAX_TOKENS (4096 per GPU), UPDATE_FREQ (auto: ~32k tokens an update on any GPU count),

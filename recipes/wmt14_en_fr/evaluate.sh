@@ -14,7 +14,6 @@
 #        BEAM (4), LENPEN (0.6), RESULTS (results/wmt14_en_fr.txt), GEN_FLAGS (appended to fairseq-generate)
 set -euo pipefail
 RECIPE=wmt14_en_fr
-FLOATER_EPOCHS="${FLOATER_EPOCHS:-1}"  # as train.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 parse_run_args "$@"
 load_corpus

@@ -12,7 +12,7 @@
 #   ENC    any --position-encoding (sinusoidal, learned, none, diet_abs, diet_rel, shaw, t5, rope,
 #          alibi, floater): the plugin's transformer_${ENC}_wmt_en_de[_big] architecture.
 #          ENC=floater runs FLOATER's warm-start protocol (recipes/floater/train.sh; FLOATER_EPOCHS
-#          1, as the paper for En-Fr, FLOATER_MAX_UPDATE).
+#          1, as the paper for En-Fr, FLOATER_MAX_UPDATE; the vanilla stage 30 epochs, VANILLA_EPOCHS).
 #   ARCH   base | big
 #   env: DATA (data/wmt14_en_fr), OUT (runs/wmt14_en_fr/$ENC-$ARCH), LR, DROPOUT, WARMUP (4000),
 #        MAX_TOKENS (4096 per GPU), UPDATE_FREQ (auto: ~32k tokens an update on any GPU count),
@@ -23,8 +23,6 @@
 #        MODEL_FLAGS / EXTRA_FLAGS (appended to fairseq-train)
 set -euo pipefail
 RECIPE=wmt14_en_fr
-BIG_DROPOUT="${BIG_DROPOUT:-0.1}"  # Vaswani et al.: big En-Fr used dropout 0.1
-FLOATER_EPOCHS="${FLOATER_EPOCHS:-1}"  # FLOATER trained En-Fr one epoch after the warm start
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 parse_run_args "$@"
 load_corpus
