@@ -296,6 +296,15 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     # a re-run with the same settings trains and decodes nothing again
     stdout = ok(run("extrapolation/run.sh", env=env))
     assert stdout.count("done before, skipping") == 4 and "fairseq-train" not in stdout
+    # a deleted marker decodes the model again without training it (fairseq-train would train one
+    # update more)
+    trained = torch.load(out / "sinusoidal" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    os.remove(out / ".done" / "model_sinusoidal")
+    stdout = ok(run("extrapolation/run.sh", env={**env, "ENCODINGS": "sinusoidal"}))
+    assert re.search(r"sinusoidal: skip finished at update (\d+)", stdout), stdout
+    again = torch.load(out / "sinusoidal" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert again["optimizer_history"][-1]["num_updates"] == trained["optimizer_history"][-1]["num_updates"]
+    assert (out / ".done" / "model_sinusoidal").exists()
     # a new lr redoes sinusoidal from update 0 (fairseq-train would otherwise resume the old
     # model, find it finished and decode it under the new label)
     old = torch.load(out / "sinusoidal" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
