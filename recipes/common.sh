@@ -432,8 +432,19 @@ check_finished() {
 # AVERAGE interval checkpoints, then beam search. Vaswani et al. cap outputs at source length
 # + 50, which cuts a long source's translation short (past 80 tokens it is below 1.5x + 10);
 # 1.5 x source + 50 is never lower, so only an output that would be cut can differ.
+# LENPEN_FORM=fairseq (default): --lenpen divides the summed log-probability by |Y|^LENPEN;
+# LENPEN_FORM=gnmt: GNMT's ((5+|Y|)/6)^LENPEN, which Vaswani et al. and DIET used: fairseq
+# writes every finished hypothesis (--nbest BEAM) with its raw score (--unnormalized) to
+# OUTPUT.nbest and scripts/rerank_lenpen.py keeps the best by GNMT's penalty (the beam search does
+# not depend on the penalty, only the final choice does: see that script).
 average_and_generate() {
   local data_bin=$1 subset=$2 output=$3; shift 3
+  local form="${LENPEN_FORM:-fairseq}" decode_flags
+  case "$form" in
+    fairseq) decode_flags=(--beam "$BEAM" --lenpen "$LENPEN") ;;
+    gnmt) decode_flags=(--beam "$BEAM" --nbest "$BEAM" --unnormalized) ;;
+    *) die "LENPEN_FORM=$form: choose fairseq (|Y|^LENPEN, fairseq's --lenpen) or gnmt (((5+|Y|)/6)^LENPEN)" ;;
+  esac
   local ckpt; ckpt="$(checkpoint_dir)"
   local averaged="$ckpt/averaged_last$AVERAGE.pt"
   echo "== averaging the last $AVERAGE interval checkpoints of $ckpt on the CPU -> $averaged"
@@ -443,18 +454,32 @@ average_and_generate() {
     --env-out "$device_env" > /dev/null || { rm -f "$device_env"; exit 2; }
   # shellcheck disable=SC1090
   . "$device_env" && rm -f "$device_env"
-  echo "== fairseq-generate --gen-subset $subset --beam $BEAM --lenpen $LENPEN on $DEVICE_DESC ($GEN_DEVICE_FLAGS) -> $output"
+  local decoded="$output"
+  if [ "$form" = gnmt ]; then
+    decoded="$output.nbest"
+    echo "== fairseq-generate --gen-subset $subset ${decode_flags[*]} on $DEVICE_DESC ($GEN_DEVICE_FLAGS) -> $decoded," \
+      "reranked by GNMT's length penalty ((5+|Y|)/6)^$LENPEN -> $output"
+  else
+    echo "== fairseq-generate --gen-subset $subset ${decode_flags[*]} on $DEVICE_DESC ($GEN_DEVICE_FLAGS) -> $output"
+  fi
   if [ "${DRY_RUN:-0}" = 1 ]; then
     echo "== --dry-run: would run fairseq-generate $data_bin --path $averaged --gen-subset $subset ${GEN_DEVICE_FLAGS:+$GEN_DEVICE_FLAGS }$*"
     return 0
   fi
   # shellcheck disable=SC2086
   fairseq-generate "$data_bin" --user-dir "$USER_DIR" --path "$averaged" --gen-subset "$subset" \
-    --beam "$BEAM" --lenpen "$LENPEN" --max-len-a 1.5 --max-len-b 50 --max-tokens "${GEN_MAX_TOKENS:-8000}" \
-    $GEN_DEVICE_FLAGS "$@" ${GEN_FLAGS:-} > "$output.tmp" 2> "$output.log" \
+    "${decode_flags[@]}" --max-len-a 1.5 --max-len-b 50 --max-tokens "${GEN_MAX_TOKENS:-8000}" \
+    $GEN_DEVICE_FLAGS "$@" ${GEN_FLAGS:-} > "$decoded.tmp" 2> "$output.log" \
     || { tail -20 "$output.log" >&2; die "fairseq-generate failed (log: $output.log)"; }
-  mv "$output.tmp" "$output"
-  grep "Generate test\|BLEU" "$output" | tail -1 | sed 's/^/   /' || true
+  mv "$decoded.tmp" "$decoded"
+  if [ "$form" = gnmt ]; then
+    local summary
+    summary="$("$PYTHON" "$SCRIPTS/rerank_lenpen.py" --generation "$decoded" --out "$output" --form gnmt \
+      --alpha "$LENPEN" --beam "$BEAM" 2>&1)" || { echo "$summary" >&2; die "rerank_lenpen.py failed on $decoded"; }
+    echo "$summary" | sed 's/^/   /'
+  else
+    grep "Generate test\|BLEU" "$output" | tail -1 | sed 's/^/   /' || true
+  fi
 }
 
 remove_bpe_flag() { if [ "$BPE" = sentencepiece ]; then echo "--remove-bpe=sentencepiece"; else echo "--remove-bpe"; fi; }
@@ -462,6 +487,7 @@ remove_bpe_flag() { if [ "$BPE" = sentencepiece ]; then echo "--remove-bpe=sente
 evaluate_model() {
   BEAM="${BEAM:-4}"
   LENPEN="${LENPEN:-0.6}"
+  LENPEN_FORM="${LENPEN_FORM:-fairseq}"
   RESULTS="${RESULTS:-results/$RECIPE.txt}"
   local gen="$OUT/generate.$TEST_NAME.txt"
   check_finished
@@ -469,6 +495,6 @@ evaluate_model() {
   [ "${DRY_RUN:-0}" = 1 ] && return 0
   echo "== BLEU on $TEST_NAME -> $RESULTS"
   "$PYTHON" "$SCRIPTS/score_translation.py" score --generation "$gen" --lang "$TGT" --ref "$DATA/test.raw.$TGT" \
-    --label "$RECIPE $SRC-$TGT enc=$ENC arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN avg=$AVERAGE$UNFINISHED" \
+    --label "$RECIPE $SRC-$TGT enc=$ENC arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM avg=$AVERAGE$UNFINISHED" \
     --results "$RESULTS" --json "$OUT/bleu.$TEST_NAME.json"
 }

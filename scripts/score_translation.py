@@ -4,14 +4,22 @@
     python scripts/score_translation.py score --generation gen.txt --lang de --ref test.raw.de \\
         --label "wmt14_en_de en-de enc=sinusoidal arch=base newstest2014" --results results.txt
 
-``gen.txt`` is ``fairseq-generate --remove-bpe`` output over Moses-tokenized text. Two lines are
+``gen.txt`` is ``fairseq-generate --remove-bpe`` output over Moses-tokenized text (or its n-best
+list reranked to one hypothesis per sentence by ``scripts/rerank_lenpen.py``). Two lines are
 appended to ``--results`` (atomically, under a lock, so parallel runs do not interleave):
 
 * SacreBLEU (default 13a tokenisation) of the detokenized hypotheses against the raw reference,
   with its signature;
-* tokenized BLEU with compound splitting as fairseq's ``scripts/compound_split_bleu.sh`` and the
-  "Scaling NMT" papers (a-b -> a ##AT##-##AT## b on hypotheses and tokenized references, then
-  BLEU on the tokens as they are: sacrebleu with ``--tokenize none``, as multi-bleu.perl).
+* tokenized BLEU: BLEU on the tokens as they are (sacrebleu with ``--tokenize none``, as
+  multi-bleu.perl) of the hypotheses against the tokenized references (the T- lines). For a
+  German target the tokens are first compound-split as fairseq's
+  ``scripts/compound_split_bleu.sh`` (a-b -> a ##AT##-##AT## b on both sides), the En-De
+  convention of Vaswani et al. and fairseq's "Scaling NMT" recipe; for every other target
+  language (En-Fr, and WMT18's en-cs and cs-en) they are not: none of the papers splits there,
+  and splitting usually raises the score (a matched compound counts as three matched tokens, a
+  compound with one part wrong is no longer a whole miss). The target language decides, so
+  WMT18 en-de is split and de-en, en-cs, cs-en are not. The results line says which was done:
+  "(compound split, tokenize none)" or "(no compound split, tokenize none)".
 
     python scripts/score_translation.py detok-generation --generation gen.txt --lang de \\
         --bpe subword_nmt --out gen.detok.txt
@@ -35,6 +43,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.pipeline import parse_generate_output  # noqa: E402
 from text_tools import detokenize_line, read_file  # noqa: E402
+
+
+# target languages whose tokenized BLEU is computed on compound-split tokens (the En-De convention)
+COMPOUND_SPLIT_LANGUAGES = frozenset({"de"})
+
+
+def splits_compounds(lang: str) -> bool:
+    """Whether tokenized BLEU into ``lang`` (the target language) splits compounds: German only."""
+    return lang.lower() in COMPOUND_SPLIT_LANGUAGES
 
 
 def compound_split(line: str) -> str:
@@ -83,19 +100,23 @@ def cmd_score(args):
 
     sacre = BLEU()
     sacre_score = sacre.corpus_score(hyps_detok, [refs_detok])
+    split = splits_compounds(args.lang)
+    prepare = compound_split if split else (lambda line: line)
     tok = BLEU(tokenize="none", force=True)
-    tok_score = tok.corpus_score([compound_split(h) for h in generation.hypotheses],
-                                 [[compound_split(t) for t in generation.references]])
+    tok_score = tok.corpus_score([prepare(h) for h in generation.hypotheses],
+                                 [[prepare(t) for t in generation.references]])
+    how = "compound split" if split else "no compound split"
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     head = f"{stamp} | {args.label} | {len(ids)} sentences"
     lines = [f"{head} | SacreBLEU {sacre_score.score:.2f} (detokenized) | {sacre.get_signature()}",
-             f"{head} | tokenized BLEU {tok_score.score:.2f} (compound split, tokenize none) | "
+             f"{head} | tokenized BLEU {tok_score.score:.2f} ({how}, tokenize none) | "
              + str(tok_score).split("=", 1)[1].split(" ", 2)[2]]
     append_atomically(args.results, lines)
     if args.json:
         write_text_atomically(args.json, json.dumps(
             {"label": args.label, "sentences": len(ids), "sacrebleu": round(sacre_score.score, 2),
-             "signature": str(sacre.get_signature()), "tokenized_bleu": round(tok_score.score, 2)}))
+             "signature": str(sacre.get_signature()), "tokenized_bleu": round(tok_score.score, 2),
+             "compound_split": split}))
     print("\n".join(lines))
 
 
@@ -119,7 +140,8 @@ def main(argv: Optional[List[str]] = None):
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("score", help="SacreBLEU and tokenized BLEU, appended to --results")
     p.add_argument("--generation", required=True, help="fairseq-generate --remove-bpe output")
-    p.add_argument("--lang", required=True, help="target language (for the detokenizer)")
+    p.add_argument("--lang", required=True, help="target language (for the detokenizer; tokenized BLEU "
+                                                "splits compounds for de only)")
     p.add_argument("--ref", help="raw (untokenized) references, one per test sentence; "
                                  "default: the detokenized T- lines")
     p.add_argument("--label", required=True, help="what was scored, for the results line")

@@ -2,6 +2,8 @@
 # Evaluate a trained model on newstest2014: average the last 5 (base) or 20 (big) interval
 # checkpoints, fairseq-generate --beam 4 --lenpen 0.6, then SacreBLEU on detokenized output (with
 # its signature) and tokenized BLEU with compound splitting; both lines appended to RESULTS.
+# fairseq's --lenpen 0.6 divides by |Y|^0.6, not by GNMT's ((5+|Y|)/6)^0.6 that Vaswani et al.
+# used; LENPEN_FORM=gnmt decodes with the latter (n-best list reranked, scripts/rerank_lenpen.py).
 #
 #   ENC=sinusoidal ARCH=base bash recipes/wmt14_en_de/evaluate.sh [--dry-run]
 #
@@ -11,7 +13,7 @@
 #
 #   env: DATA, OUT, DEVICE, NUM_GPUS, DEVICE_FLAGS (as train.sh: --bf16 decodes in bf16, --fp16
 #        and --memory-efficient-fp16 in fp16, --amp in fp32, DEVICE=cpu on the CPU), AVERAGE,
-#        BEAM (4), LENPEN (0.6), RESULTS (results/wmt14_en_de.txt), GEN_FLAGS (appended to fairseq-generate)
+#        BEAM (4), LENPEN (0.6), LENPEN_FORM (fairseq; or gnmt), RESULTS (results/wmt14_en_de.txt), GEN_FLAGS (appended to fairseq-generate)
 set -euo pipefail
 RECIPE=wmt14_en_de
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
