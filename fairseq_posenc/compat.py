@@ -209,6 +209,42 @@ def clear_size_errors():
     FairseqTask.filter_indices_by_size = filter_indices_by_size
 
 
+def _xla_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def clear_tpu_for_bf16(common, xla_available: bool) -> None:
+    """``tpu`` off when it is only there because of ``--bf16`` and no TPU can be used."""
+    if getattr(common, "bf16", False) and getattr(common, "tpu", False) and not xla_available:
+        common.tpu = False
+
+
+def bf16_without_tpu():
+    """fairseq's ``options.py`` turns ``--bf16`` (and ``--memory-efficient-bf16``) into ``--tpu``
+    (fairseq issue #4696): the trainer then asks torch_xla for its device and refuses CUDA
+    (``'NoneType' object has no attribute 'xla_device'``; with several processes ``No module
+    named 'torch_xla'``). bf16 is a precision, not a device: where torch_xla is not installed,
+    ``tpu`` is cleared before fairseq's ``call_main`` starts training, so bf16 trains on CUDA (not
+    run here: no GPU) and on the CPU with ``--cpu``. The plugin is imported inside
+    ``parse_args_and_arch``, before ``options.py`` sets ``tpu``, hence the patch at ``call_main``,
+    which ``fairseq_cli/train.py`` looks up at call time."""
+    from fairseq.distributed import utils as distributed_utils
+
+    original = distributed_utils.call_main
+    if getattr(original, "bf16_without_tpu", False):
+        return
+
+    @functools.wraps(original)
+    def call_main(cfg, main, **kwargs):
+        clear_tpu_for_bf16(cfg.common, _xla_available())
+        return original(cfg, main, **kwargs)
+
+    call_main.bf16_without_tpu = True
+    distributed_utils.call_main = call_main
+
+
 def apply():
     """Apply every fix; safe to call more than once."""
     global _applied
@@ -220,4 +256,5 @@ def apply():
     short_user_errors()
     clear_checkpoint_errors()
     clear_size_errors()
+    bf16_without_tpu()
     _applied = True

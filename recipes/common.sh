@@ -274,8 +274,8 @@ set_training_defaults() {
   if [ -n "$MAX_EPOCH" ]; then MAX_UPDATE="${MAX_UPDATE:-}"; else MAX_UPDATE="${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}"; fi
   AVERAGE="${AVERAGE:-$DEFAULT_AVERAGE}"
   SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-auto}"  # 1250 base, 600 big: see scripts/train_plan.py
-  MAX_TOKENS="${MAX_TOKENS:-4096}"
-  UPDATE_FREQ="${UPDATE_FREQ:-auto}"  # ~32768 tokens an update whatever the GPU count
+  MAX_TOKENS="${MAX_TOKENS:-auto}"    # auto: at most 4096 a GPU, chosen with UPDATE_FREQ
+  UPDATE_FREQ="${UPDATE_FREQ:-auto}"  # ~32768 tokens an update (within 5%) whatever the GPU count
   WARMUP="${WARMUP:-4000}"
   MODEL_FLAGS="${MODEL_FLAGS:-}"      # e.g. smaller sizes for a dry run
   EXTRA_FLAGS="${EXTRA_FLAGS:-}"      # appended to fairseq-train
@@ -305,6 +305,7 @@ plan_training() {
   "$PYTHON" "$SCRIPTS/train_plan.py" plan --data-bin "$data_bin" --arch "$ARCH" --model-flags "$MODEL_FLAGS" \
     "${stages[@]}" --average "$AVERAGE" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --max-tokens "$MAX_TOKENS" \
     --update-freq "$UPDATE_FREQ" --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
+    $([ "${ALLOW_BATCH:-0}" = 1 ] && echo --allow-batch) \
     --env-out "$plan_env" | sed 's/^/   /' || { rm -f "$plan_env"; exit 2; }
   # shellcheck disable=SC1090
   . "$plan_env" && rm -f "$plan_env"

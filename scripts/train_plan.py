@@ -79,10 +79,13 @@ def device_settings(device: str, gpus: int, precision: str) -> Dict[str, str]:
     """Training and decoding flags for the device, and a line saying which it is."""
     flags = precision.split()
     if device == "cpu":
-        if any(f in PRECISION_FLAGS for f in flags):
-            raise PlanError(f"DEVICE=cpu with {precision}: fairseq-train runs half precision on a GPU only")
-        return {"TRAIN_DEVICE_FLAGS": "--cpu", "GEN_DEVICE_FLAGS": "--cpu",
-                "DEVICE_DESC": "CPU (DEVICE=cpu asked for it)"}
+        # bf16 trains on the CPU with compat.bf16_without_tpu; fairseq's fp16 and amp need CUDA
+        if any(f in PRECISION_FLAGS and "bf16" not in f for f in flags):
+            raise PlanError(f"DEVICE=cpu with {precision}: fairseq-train runs fp16 and amp on a GPU only "
+                            "(--bf16 runs on the CPU)")
+        bf16 = " --bf16" if any("bf16" in f for f in flags) else ""
+        return {"TRAIN_DEVICE_FLAGS": f"--cpu {' '.join(flags)}".strip(), "GEN_DEVICE_FLAGS": f"--cpu{bf16}",
+                "DEVICE_DESC": f"CPU (DEVICE=cpu asked for it; {'bf16' if bf16 else 'fp32'})"}
     if device not in ("auto", "gpu"):
         raise PlanError(f"DEVICE must be auto, gpu or cpu, got {device!r}")
     if gpus == 0:
@@ -103,6 +106,27 @@ def device_settings(device: str, gpus: int, precision: str) -> Dict[str, str]:
 def update_freq_for(max_tokens: int, gpus: int, target: int = TOKENS_PER_UPDATE) -> int:
     """Batches summed per update so that max_tokens x GPUs x update_freq is nearest ``target``."""
     return max(1, round(target / (max_tokens * max(gpus, 1))))
+
+
+BATCH_TOLERANCE = 0.05  # tokens per update within 5% of the target, or the plan says why not
+MAX_TOKENS_PER_GPU = 4096  # the papers' batch per GPU (fits fp16 base and big on 16 GB)
+
+
+def batch_for(max_tokens: Optional[int], gpus: int, update_freq: Optional[int] = None,
+              target: int = TOKENS_PER_UPDATE):
+    """(max_tokens, update_freq, relative deviation of max_tokens x GPUs x update_freq from
+    ``target``). Whatever is not given is chosen: with both free, the fewest batches per update
+    of at most 4096 tokens, and max_tokens = target / (GPUs x update_freq), so that 3, 5, 6 or
+    16 GPUs hold the same ~32k tokens an update as 1, 2, 4 and 8 (4096 x GPUs x round(8 / GPUs)
+    is 12.5% to 2x off there)."""
+    gpus = max(gpus, 1)
+    if max_tokens is None:
+        if update_freq is None:
+            update_freq = max(1, math.ceil(target / (MAX_TOKENS_PER_GPU * gpus)))
+        max_tokens = max(1, round(target / (gpus * update_freq)))
+    elif update_freq is None:
+        update_freq = update_freq_for(max_tokens, gpus, target)
+    return max_tokens, update_freq, max_tokens * gpus * update_freq / target - 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -221,7 +245,10 @@ def make_plan(args) -> Dict[str, str]:
     gpus = visible_gpus(args.gpus)
     device = device_settings(args.device, gpus, args.precision)
     workers = 1 if args.device == "cpu" else gpus
-    update_freq = update_freq_for(args.max_tokens, workers) if args.update_freq == "auto" else int(args.update_freq)
+    chosen = args.max_tokens == "auto" or args.update_freq == "auto"
+    max_tokens, update_freq, deviation = batch_for(None if args.max_tokens == "auto" else int(args.max_tokens), workers,
+                                                   None if args.update_freq == "auto" else int(args.update_freq))
+    args.max_tokens = max_tokens
     interval = SAVE_INTERVAL[args.arch] if args.save_interval_updates == "auto" else int(args.save_interval_updates)
     src_sizes, tgt_sizes = dataset_sizes(args.data_bin, args.src, args.tgt)
     batches = batches_per_epoch(src_sizes, tgt_sizes, args.max_tokens)
@@ -230,14 +257,22 @@ def make_plan(args) -> Dict[str, str]:
     real_tokens = int(src_sizes.sum() + tgt_sizes.sum())
     print(f"| device: {device['DEVICE_DESC']}")
     print(f"| tokens per update: {args.max_tokens} x {workers} {'GPU' if gpus and args.device != 'cpu' else 'CPU'}"
-          f" x update-freq {update_freq} = {tokens} padded tokens at most")
+          f" x update-freq {update_freq} = {tokens} padded tokens at most ({deviation:+.1%} from the papers' "
+          f"{TOKENS_PER_UPDATE})")
+    if chosen and abs(deviation) > BATCH_TOLERANCE:
+        if not args.allow_batch:
+            raise PlanError(f"{tokens} tokens per update is {deviation:+.1%} from the papers' {TOKENS_PER_UPDATE} at "
+                            f"{workers} GPU(s) with MAX_TOKENS={args.max_tokens}: set MAX_TOKENS=auto, or "
+                            "ALLOW_BATCH=1 to train with it (the lr and the update count stay the papers')")
+        print(f"| note: tokens per update {deviation:+.1%} from the papers' (ALLOW_BATCH=1)")
     print(f"| training set: {len(src_sizes)} pairs, {real_tokens} tokens (source + target, with </s>), "
           f"{batches} batches of --max-tokens {args.max_tokens}")
     print(f"| updates per epoch: {per_epoch}")
     vocab = dictionary_size(args.data_bin, args.src or training_pair(args.data_bin)[0])
     checkpoint = parameters(args.arch, vocab, args.model_flags) * BYTES_PER_PARAM
     disk = 0
-    values = {**device, "UPDATE_FREQ": str(update_freq), "SAVE_INTERVAL_UPDATES": str(interval),
+    values = {**device, "UPDATE_FREQ": str(update_freq), "MAX_TOKENS": str(args.max_tokens),
+              "SAVE_INTERVAL_UPDATES": str(interval),
               "UPDATES_PER_EPOCH": str(per_epoch), "TOKENS_PER_UPDATE": str(tokens)}
     for number, stage in enumerate(stages, 1):
         end = stage_end(stage, per_epoch)
@@ -315,7 +350,11 @@ def main(argv: Optional[List[str]] = None):
                         "the last stage's checkpoints are averaged")
     p.add_argument("--average", type=int, default=5, help="interval checkpoints to average (5 base, 20 big)")
     p.add_argument("--save-interval-updates", default="auto", help="updates between checkpoints (auto: 1250 base, 600 big)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch per GPU")
+    p.add_argument("--max-tokens", default="auto",
+                   help="tokens per batch per GPU (auto: at most 4096, chosen with --update-freq so that an update "
+                        "holds ~32768 tokens on any GPU count)")
+    p.add_argument("--allow-batch", action="store_true",
+                   help="train even when the chosen batch is more than 5%% from the papers' tokens per update")
     p.add_argument("--update-freq", default="auto", help="batches per update per GPU (auto: ~32768 tokens an update)")
     p.add_argument("--gpus", default="auto", help="GPUs fairseq will use (auto: those torch sees)")
     p.add_argument("--device", default="auto", help="auto | gpu | cpu (cpu only when asked for)")

@@ -221,7 +221,7 @@ def test_recipe_prepares_trains_and_evaluates_offline(prepared, trained, recipe,
     runs = base / "runs"
     train_env, out = trained(recipe, bpe)
     assert "fairseq-train --arch transformer_sinusoidal_wmt_en_de: lr 5e-3, dropout 0.1" in out
-    assert "on CPU (DEVICE=cpu asked for it)" in out
+    assert "on CPU (DEVICE=cpu asked for it; fp32)" in out
     assert "transformer_sinusoidal_wmt_en_de" in (runs / "sin" / "train.log").read_text()
     # the plan's numbers are fairseq's: 30 epochs of its updates per epoch, and exactly the interval
     # checkpoints it said would be averaged (those due at an epoch's end are not interval ones)
@@ -235,7 +235,7 @@ def test_recipe_prepares_trains_and_evaluates_offline(prepared, trained, recipe,
     # evaluate: the run finished; average the last 2, beam search, both BLEUs appended to the results file
     out = ok(run(f"{recipe}/evaluate.sh", env=train_env))
     assert f"checkpoint_last.pt: finished (epoch 30 of 30, update {30 * per_epoch})" in out
-    assert "fairseq-generate --gen-subset test" in out and "on CPU (DEVICE=cpu asked for it) (--cpu)" in out
+    assert "fairseq-generate --gen-subset test" in out and "on CPU (DEVICE=cpu asked for it; fp32) (--cpu)" in out
     assert (runs / "sin" / "averaged_last2.pt").exists()
     gen = lines(runs / "sin" / f"generate.{test_set}.txt")
     assert sum(line.startswith("H-") for line in gen) == 40

@@ -57,6 +57,26 @@ def en_fr_like(tmp_path_factory):
     return _data_bin(tmp_path_factory.mktemp("enfr"), [25] * 1520, [25] * 1520)
 
 
+@pytest.mark.parametrize("gpus", [*range(1, 17), 24, 32, 64])
+def test_the_chosen_batch_is_the_papers_at_any_gpu_count(gpus):
+    max_tokens, update_freq, deviation = train_plan.batch_for(None, gpus)
+    assert max_tokens <= 4096 and abs(max_tokens * gpus * update_freq - 32768) <= gpus * update_freq / 2
+    assert abs(deviation) < 1e-3  # max_tokens rounded to a token: at most half a token per batch
+
+
+@pytest.mark.parametrize("gpus, max_tokens, update_freq, tokens", [
+    (1, 4096, 8, 32768), (3, 3641, 3, 32769), (5, 3277, 2, 32770), (6, 2731, 2, 32772), (16, 2048, 1, 32768)])
+def test_the_chosen_batch_for_a_few_gpu_counts(gpus, max_tokens, update_freq, tokens):
+    assert train_plan.batch_for(None, gpus)[:2] == (max_tokens, update_freq)
+    assert max_tokens * gpus * update_freq == tokens
+
+
+def test_a_given_max_tokens_keeps_its_deviation_which_the_plan_states():
+    # fairseq's 4096 a GPU on 3 GPUs: update-freq round(8/3) = 3 -> 36864 tokens, +12.5%
+    assert train_plan.batch_for(4096, 3) == (4096, 3, 0.125)
+    assert train_plan.batch_for(4096, 16)[2] == 1.0  # 2x: update-freq cannot go below 1
+
+
 @pytest.mark.parametrize("gpus, update_freq", [(1, 8), (2, 4), (3, 3), (4, 2), (8, 1), (16, 1)])
 def test_update_freq_keeps_about_25k_tokens_an_update_on_any_gpu_count(gpus, update_freq):
     assert train_plan.update_freq_for(4096, gpus) == update_freq
@@ -138,6 +158,8 @@ def test_stage_with_no_end_is_refused(en_fr_like, run):
     ("auto", 1, "--amp", "--amp", ""),  # autocast is a training option: decoding in fp32
     ("cpu", 0, "", "--cpu", "--cpu"),
     ("cpu", 4, "", "--cpu", "--cpu"),  # asked for the CPU although GPUs are visible
+    ("cpu", 0, "--bf16", "--cpu --bf16", "--cpu --bf16"),  # compat.bf16_without_tpu
+    ("cpu", 0, "--memory-efficient-bf16", "--cpu --memory-efficient-bf16", "--cpu --bf16"),
 ])
 def test_device_flags_of_training_and_decoding(device, gpus, precision, train, gen):
     values = train_plan.device_settings(device, gpus, precision)
@@ -147,7 +169,8 @@ def test_device_flags_of_training_and_decoding(device, gpus, precision, train, g
 @pytest.mark.parametrize("device, gpus, precision, message", [
     ("auto", 0, "--fp16", "no GPU visible (torch.cuda.device_count() is 0): a WMT-size stage would take weeks on "
                           "CPU; set DEVICE=cpu to run it there anyway"),
-    ("cpu", 0, "--fp16", "DEVICE=cpu with --fp16: fairseq-train runs half precision on a GPU only"),
+    ("cpu", 0, "--fp16", "DEVICE=cpu with --fp16: fairseq-train runs fp16 and amp on a GPU only (--bf16 runs on the CPU)"),
+    ("cpu", 0, "--amp", "DEVICE=cpu with --amp: fairseq-train runs fp16 and amp on a GPU only (--bf16 runs on the CPU)"),
     ("auto", 1, "--cpu", "DEVICE_FLAGS=--cpu asks for the CPU while 1 GPU(s) are visible: set DEVICE=cpu instead"),
     ("tpu", 1, "", "DEVICE must be auto, gpu or cpu, got 'tpu'"),
 ])

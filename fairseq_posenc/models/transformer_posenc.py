@@ -4,6 +4,7 @@ With ``--position-encoding sinusoidal`` (the default) it has the same parameters
 in the same order, as fairseq's ``transformer``: it is the baseline every encoding is compared
 with. Architectures below only set defaults, in fairseq's style.
 """
+import torch
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
@@ -42,6 +43,14 @@ class PosencTransformerModel(TransformerModel):
         model = super().build_model(args, task)
         scheme.finish_model(model, args)
         return model
+
+    def prepare_for_inference_(self, cfg):
+        # fairseq-generate halves a model for --fp16 but never casts it for --bf16: without this
+        # a --bf16 decode would run in float32
+        common = getattr(cfg, "common", None)
+        if getattr(common, "bf16", False) and not getattr(common, "fp16", False):
+            self.to(torch.bfloat16)
+        super().prepare_for_inference_(cfg)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
