@@ -300,7 +300,8 @@ plan_training() {
   plan_env="$(mktemp)"
   local stages=(--stage "${STAGE_NAME:-train}" "${MAX_UPDATE:--}" "${MAX_EPOCH:--}")
   [ "$ENC" = floater ] && stages=(--stage vanilla "${MAX_UPDATE:--}" "${MAX_EPOCH:--}"
-                                  --stage floater "${FLOATER_MAX_UPDATE:--}" "${FLOATER_EPOCHS:--}")
+                                  --stage floater "${FLOATER_MAX_UPDATE:--}" "${FLOATER_EPOCHS:--}"
+                                  --baseline-updates "${BASELINE_UPDATES:-${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}}")
   echo "== plan for $ENC-$ARCH on $data_bin"
   "$PYTHON" "$SCRIPTS/train_plan.py" plan --data-bin "$data_bin" --arch "$ARCH" --model-flags "$MODEL_FLAGS" \
     "${stages[@]}" --average "$AVERAGE" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --max-tokens "$MAX_TOKENS" \

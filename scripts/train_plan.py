@@ -270,7 +270,7 @@ def make_plan(args) -> Dict[str, str]:
     print(f"| updates per epoch: {per_epoch}")
     vocab = dictionary_size(args.data_bin, args.src or training_pair(args.data_bin)[0])
     checkpoint = parameters(args.arch, vocab, args.model_flags) * BYTES_PER_PARAM
-    disk = 0
+    disk = total = 0
     values = {**device, "UPDATE_FREQ": str(update_freq), "MAX_TOKENS": str(args.max_tokens),
               "SAVE_INTERVAL_UPDATES": str(interval),
               "UPDATES_PER_EPOCH": str(per_epoch), "TOKENS_PER_UPDATE": str(tokens)}
@@ -280,8 +280,11 @@ def make_plan(args) -> Dict[str, str]:
         reason = ("--max-update" if end == stage.max_update else "--max-epoch")
         print(f"| stage {stage.name}: ends at its update {end} ({end / per_epoch:.2f} epochs, {reason})")
         values[f"STAGE{number}_END"] = str(end)
-        if not last:  # a stage another starts from keeps checkpoint_best.pt and checkpoint_last.pt
-            disk += 2 * checkpoint
+        total += end
+        if not last:
+            # a stage another starts from keeps best, last and its last interval checkpoint
+            # (--keep-interval-updates 1)
+            disk += 3 * checkpoint
             continue
         saved = interval_checkpoints(end, interval, per_epoch)
         averaged = saved[-args.average:]
@@ -299,6 +302,12 @@ def make_plan(args) -> Dict[str, str]:
             print(f"| note: updates {averaged[-1] + 1}-{end} come after the last interval checkpoint and are not "
                   f"in the average (make the interval divide {end})")
         disk += (args.average + 3) * checkpoint  # + checkpoint_last, checkpoint_best, the average
+    if len(stages) > 1 or args.baseline_updates:
+        line = f"| budget: {total} updates in all ({total / per_epoch:.2f} epochs)"
+        if args.baseline_updates:
+            line += (f"; the baseline trains {args.baseline_updates} ({args.baseline_updates / per_epoch:.2f} epochs): "
+                     f"{total / args.baseline_updates:.2f}x its updates")
+        print(line)
     print(f"| disk for checkpoints: about {human_bytes(disk)} ({human_bytes(checkpoint)} each, estimated for "
           f"{parameters(args.arch, vocab, args.model_flags) / 1e6:.1f}M parameters with Adam's state)")
     values["CHECKPOINT_DISK"] = str(disk)
@@ -353,6 +362,8 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--max-tokens", default="auto",
                    help="tokens per batch per GPU (auto: at most 4096, chosen with --update-freq so that an update "
                         "holds ~32768 tokens on any GPU count)")
+    p.add_argument("--baseline-updates", type=int, default=0,
+                   help="the updates of the baseline this plan is compared with (FLOATER: the sinusoidal model's)")
     p.add_argument("--allow-batch", action="store_true",
                    help="train even when the chosen batch is more than 5%% from the papers' tokens per update")
     p.add_argument("--update-freq", default="auto", help="batches per update per GPU (auto: ~32768 tokens an update)")

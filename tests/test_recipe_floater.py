@@ -93,6 +93,10 @@ def test_floater_dry_run_plans_both_stages_and_keeps_the_gpu_precision(tmp_path)
     assert "| stage vanilla: ends at its update 300 (" in out and "--max-update)" in out
     per_epoch = int(re.search(r"\| updates per epoch: (\d+)", out).group(1))
     assert f"| stage floater: ends at its update {10 * per_epoch} (10.00 epochs, --max-epoch)" in out
+    # the whole budget, next to the sinusoidal baseline's (MAX_UPDATE)
+    total = 300 + 10 * per_epoch
+    assert (f"| budget: {total} updates in all ({total / per_epoch:.2f} epochs); the baseline trains 300 "
+            f"({300 / per_epoch:.2f} epochs): {total / 300:.2f}x its updates") in out
     # big: FLOATER still averages 5 (the paper), not Vaswani's 20
     assert "the last 5 kept (--keep-interval-updates)" in out
     assert "== --dry-run: nothing trained" in out and not (tmp_path / "run").exists()
