@@ -464,14 +464,16 @@ average_and_generate() {
   else
     echo "== fairseq-generate --gen-subset $subset ${decode_flags[*]} on $DEVICE_DESC ($GEN_DEVICE_FLAGS) -> $output"
   fi
+  # one command line for the run and for --dry-run's copy of it
+  # shellcheck disable=SC2206
+  local command=(fairseq-generate "$data_bin" --user-dir "$USER_DIR" --path "$averaged" "${decode_flags[@]}"
+    --max-len-a 1.5 --max-len-b 50 --max-tokens "${GEN_MAX_TOKENS:-8000}" --gen-subset "$subset" $GEN_DEVICE_FLAGS
+    "$@" ${GEN_FLAGS:-})
   if [ "${DRY_RUN:-0}" = 1 ]; then
-    echo "== --dry-run: would run fairseq-generate $data_bin --path $averaged --gen-subset $subset ${GEN_DEVICE_FLAGS:+$GEN_DEVICE_FLAGS }$*"
+    echo "== --dry-run: would run $(printf '%q ' "${command[@]}" | sed 's/ $//')"
     return 0
   fi
-  # shellcheck disable=SC2086
-  fairseq-generate "$data_bin" --user-dir "$USER_DIR" --path "$averaged" --gen-subset "$subset" \
-    "${decode_flags[@]}" --max-len-a 1.5 --max-len-b 50 --max-tokens "${GEN_MAX_TOKENS:-8000}" \
-    $GEN_DEVICE_FLAGS "$@" ${GEN_FLAGS:-} > "$decoded.tmp" 2> "$output.log" \
+  "${command[@]}" > "$decoded.tmp" 2> "$output.log" \
     || { tail -20 "$output.log" >&2; die "fairseq-generate failed (log: $output.log)"; }
   mv "$decoded.tmp" "$decoded"
   if [ "$form" = gnmt ]; then

@@ -404,6 +404,9 @@ def test_evaluate_refuses_an_unfinished_run_or_marks_it_and_decodes_in_the_preci
         command = re.search(r"^== --dry-run: would run fairseq-generate (.*)$", out, re.M).group(1)
         assert command.endswith(f"--gen-subset test {decode} --remove-bpe".replace("  ", " ")) and "--cpu" not in command
         assert ("--fp16" in command, "--bf16" in command) == (decode == "--fp16", decode == "--bf16")
+        # the line can be copied: every flag of the run is in it
+        for flag in ("--user-dir", "--path", "--beam 4 --lenpen 0.6", "--max-len-a 1.5 --max-len-b 50", "--max-tokens"):
+            assert flag in command, command
     # scored anyway when asked: both results lines say so
     out = ok(run("wmt14_en_de/evaluate.sh", env={**half, "ALLOW_UNFINISHED": "1"}))
     results = lines(tmp_path / "results.txt")
