@@ -7,6 +7,7 @@ import argparse
 import builtins
 import collections
 import functools
+import logging
 import os
 import re
 import sys
@@ -215,21 +216,40 @@ def _xla_available() -> bool:
     return importlib.util.find_spec("torch_xla") is not None
 
 
-def clear_tpu_for_bf16(common, xla_available: bool) -> None:
-    """``tpu`` off when it is only there because of ``--bf16`` and no TPU can be used."""
-    if getattr(common, "bf16", False) and getattr(common, "tpu", False) and not xla_available:
-        common.tpu = False
+def _sections(cfg):
+    """The parts of a fairseq config: omegaconf sections, and ``cfg.model``, which is an
+    ``argparse.Namespace`` of every flag for models registered with ``add_args``."""
+    if isinstance(cfg, argparse.Namespace):
+        return [cfg]
+    return [cfg[key] for key in cfg if cfg[key] is not None]
+
+
+def clear_tpu_for_bf16(cfg, xla_available: bool) -> bool:
+    """``tpu`` off in every section of ``cfg`` when bf16 put it there and no TPU can be used
+    (True if it did). ``tpu`` in ``distributed_training``, ``optimizer`` and ``model`` is not an
+    interpolation of ``common.tpu`` but a copy made when the flags became a config: clearing
+    ``common`` alone leaves the DDP wrapper on torch_xla and skips inferring the init method."""
+    common = cfg.common
+    if xla_available or not (getattr(common, "bf16", False) and getattr(common, "tpu", False)):
+        return False
+    for section in _sections(cfg):
+        if getattr(section, "tpu", False) is True:
+            section.tpu = False
+    return True
 
 
 def bf16_without_tpu():
     """fairseq's ``options.py`` turns ``--bf16`` (and ``--memory-efficient-bf16``) into ``--tpu``
     (fairseq issue #4696): the trainer then asks torch_xla for its device and refuses CUDA
-    (``'NoneType' object has no attribute 'xla_device'``; with several processes ``No module
-    named 'torch_xla'``). bf16 is a precision, not a device: where torch_xla is not installed,
-    ``tpu`` is cleared before fairseq's ``call_main`` starts training, so bf16 trains on CUDA (not
-    run here: no GPU) and on the CPU with ``--cpu``. The plugin is imported inside
-    ``parse_args_and_arch``, before ``options.py`` sets ``tpu``, hence the patch at ``call_main``,
-    which ``fairseq_cli/train.py`` looks up at call time."""
+    (``'NoneType' object has no attribute 'xla_device'``), and with several processes the model
+    is wrapped for TPUs (``No module named 'torch_xla'`` at the first gradient all-reduce) and
+    the init method of torchrun, SLURM or one node's GPUs is never inferred. bf16 is a
+    precision, not a device: where torch_xla is not installed (no TPU can be used), ``tpu`` is
+    cleared before fairseq's ``call_main``, so bf16 trains on CUDA and, with ``--cpu``, on the
+    CPU, as fp32 does. ``fairseq-validate``, ``-interactive`` and ``-eval-lm`` go through
+    ``call_main`` too; ``fairseq-generate`` does not and never reads ``tpu``. The plugin is
+    imported inside ``parse_args_and_arch``, before ``options.py`` sets ``tpu``, hence the patch
+    at ``call_main``, which the CLIs look up at call time."""
     from fairseq.distributed import utils as distributed_utils
 
     original = distributed_utils.call_main
@@ -238,7 +258,9 @@ def bf16_without_tpu():
 
     @functools.wraps(original)
     def call_main(cfg, main, **kwargs):
-        clear_tpu_for_bf16(cfg.common, _xla_available())
+        if clear_tpu_for_bf16(cfg, _xla_available()):
+            logging.getLogger(__name__).info("bf16 without torch_xla: --tpu cleared, training on %s",
+                                             "the CPU" if cfg.common.cpu else "CUDA")
         return original(cfg, main, **kwargs)
 
     call_main.bf16_without_tpu = True
@@ -257,4 +279,46 @@ def apply():
     clear_checkpoint_errors()
     clear_size_errors()
     bf16_without_tpu()
+    launchers_without_cuda()
     _applied = True
+
+
+def launchers_without_cuda():
+    """fairseq finds its launcher (``distributed/utils.py``, ``infer_init_method``) assuming CUDA:
+    under torchrun it takes the device as ``RANK % torch.cuda.device_count()`` (a
+    ZeroDivisionError without a GPU), with several SLURM tasks a node it calls
+    ``torch.cuda.set_device(SLURM_LOCALID)`` (a CPU build of torch has none to set), and with one
+    task a node its world is nodes x 0 GPUs. Where torch sees no GPU: torchrun's ``LOCAL_RANK``
+    is the device id, no CUDA device is set, and one task a node or a SLURM launch without
+    ``--distributed-port`` is refused in one line. Where torch sees a GPU, fairseq's code runs
+    unchanged. ``fairseq_cli/train.py``'s ``call_main`` looks the function up at call time."""
+    from fairseq.distributed import utils as distributed_utils
+
+    original = distributed_utils.infer_init_method
+    if getattr(original, "without_cuda", False):
+        return
+
+    @functools.wraps(original)
+    def infer_init_method(cfg, force_distributed=False):
+        if (torch.cuda.device_count() > 0 or cfg.distributed_init_method is not None or cfg.tpu
+                or cfg.pipeline_model_parallel or cfg.distributed_world_size == 1):
+            return original(cfg, force_distributed)
+        if all(key in os.environ for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")):
+            cfg.distributed_init_method = "env://"
+            cfg.distributed_world_size = int(os.environ["WORLD_SIZE"])
+            cfg.distributed_rank = int(os.environ["RANK"])
+            cfg.device_id = int(os.environ.get("LOCAL_RANK", "0"))
+            cfg.distributed_no_spawn = True
+            return None
+        if distributed_utils._infer_slurm_init(cfg, None):
+            if cfg.distributed_world_size < 1:
+                raise PosencError("under SLURM with one task a node fairseq starts a process per GPU, and torch sees "
+                                  "none: on the CPU start a task per process (srun --ntasks-per-node=P)")
+            if cfg.distributed_port <= 0:
+                raise PosencError("under SLURM the processes meet at --distributed-port on the first node: give "
+                                  "the same port to every task")
+            return None
+        return original(cfg, force_distributed)
+
+    infer_init_method.without_cuda = True
+    distributed_utils.infer_init_method = infer_init_method

@@ -52,7 +52,9 @@ step() {
 #   is downloaded then), --out DIR (default data/$RECIPE), --valid split|VALID_NAME
 #   env: ARCHIVES (data/archives: one cache for every recipe and pair), MIRROR (download
 #        ARCHIVE from MIRROR/ARCHIVE instead of statmt.org), BPE=subword-nmt|sentencepiece,
-#        BPE_SIZE (40000), WORKERS (cores), VERIFY_CHECKSUMS=0 (archives repacked elsewhere)
+#        BPE_SIZE (40000), WORKERS (cores), VERIFY_CHECKSUMS=0 (archives repacked elsewhere),
+#        KEEP_INTERMEDIATES=0 (remove raw/, tok/, split/ and bpe/'s copies at the end),
+#        ALLOW_LOW_DISK=1 (go on when the free space looks short)
 # ---------------------------------------------------------------------------------------------
 parse_prepare_args() {
   RAW_DIR="" ; WORK=""
@@ -201,11 +203,23 @@ prepare_corpus() {
   ARCHIVES="${RAW_DIR:-${ARCHIVES:-data/archives}}"
   mkdir -p "$WORK"
   echo "== $RECIPE $SRC-$TGT -> $WORK (archives: $ARCHIVES; $BPE, $BPE_SIZE merges; validation: $VALID_DESC)"
+  # KEEP_INTERMEDIATES=0 removed what steps 2-6 wrote: other settings redo them, from the archives
+  local removed="$WORK/intermediates.removed" kept="valid=$VALID_DESC bpe=$BPE size=$BPE_SIZE"
+  if [ -f "$removed" ] && [ "$(cat "$removed")" != "$kept" ]; then
+    echo "== the intermediate files were removed ($(cat "$removed")): redoing every step from the archives"
+    rm -f "$WORK/.done/extract" "$WORK/.done/preprocess" "$removed"
+  fi
   echo "== [1/8] archives: check${RAW_DIR:+ (from --raw-dir, no download)}"
   _fetch
+  # free space, before hours of work (a corpus prepared before is rewritten in place); ALLOW_LOW_DISK=1 goes on
+  local space=(--work "$WORK" --recipe "$RECIPE" $([ "${ALLOW_LOW_DISK:-0}" = 1 ] && echo --allow-low-disk))
+  [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$SCRIPTS/train_plan.py" prepare-space "${space[@]}" \
+    --sources "$SOURCES" --archives-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" | sed 's/^/   /' || exit 2
   STEP_AFTER="" STEP_SETTINGS="pair=$SRC-$TGT archives=$("$PYTHON" "$SCRIPTS/wmt_data.py" fingerprint \
     --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT")" \
     step extract "[2/8] extract train / valid ($VALID_NAME) / test ($TEST_NAME) as plain text" _extract
+  [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$SCRIPTS/train_plan.py" prepare-space "${space[@]}" \
+    --raw-text "$WORK/raw" | sed 's/^/   /' || exit 2
   STEP_SETTINGS="text=fairseq-moses-1" step tokenize "[3/8] normalise and tokenize with sacremoses" _tokenize
   STEP_SETTINGS="valid=$VALID_DESC" step split "[4/8] validation set: $VALID_DESC" _split_valid
   STEP_SETTINGS="bpe=$BPE size=$BPE_SIZE" step learn_bpe "[5/8] learn joint $BPE ($BPE_SIZE)" _learn_bpe
@@ -215,6 +229,16 @@ prepare_corpus() {
   for split in train valid test; do
     echo "| $split: $(wc -l < "$WORK/$split.$SRC") sentence pairs ($WORK/$split.{$SRC,$TGT})"
   done
+  if [ "${KEEP_INTERMEDIATES:-1}" = 0 ] && [ -d "$WORK/raw" ]; then
+    # train.sh reads data-bin and corpus.env, evaluate.sh data-bin and test.raw.*, the extrapolation
+    # recipe train.*, train.tok.*, valid.* and the BPE codes in bpe/: the rest goes
+    local before; before=$(du -sk "$WORK" | cut -f1)
+    rm -rf "$WORK/raw" "$WORK/tok" "$WORK/split"
+    for split in train valid test; do rm -f "$WORK/bpe/$split.$SRC" "$WORK/bpe/$split.$TGT"; done
+    echo "$kept" > "$removed"
+    echo "== KEEP_INTERMEDIATES=0: removed raw/, tok/, split/ and bpe/'s segmented copies:" \
+      "$(( (before - $(du -sk "$WORK" | cut -f1)) / 1024 )) MB freed (other settings will redo them from the archives)"
+  fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -292,9 +316,12 @@ set_training_defaults() {
 # where the checkpoints to average are: FLOATER's protocol writes OUT/vanilla then OUT/floater
 checkpoint_dir() { if [ "$ENC" = floater ]; then echo "$OUT/floater"; else echo "$OUT"; fi; }
 
-# plan_training DATA_BIN: scripts/train_plan.py prints the plan (devices, tokens per update,
-# updates per epoch, checkpoints, averaging, disk) and sets UPDATE_FREQ, SAVE_INTERVAL_UPDATES,
-# TRAIN_DEVICE_FLAGS; it refuses a plan whose averaging cannot be satisfied
+# plan_training DATA_BIN: scripts/train_plan.py prints the plan (devices, the world of every node,
+# tokens per update, updates per epoch, checkpoints, averaging, disk) and sets UPDATE_FREQ,
+# MAX_TOKENS, SAVE_INTERVAL_UPDATES, TRAIN_DEVICE_FLAGS (with the distributed flags), WORLD_SIZE,
+# FIRST_NODE (1 where the shared files are written), LAUNCH_ID and TRAIN_LAUNCHER (torchrun's
+# command on several nodes); it refuses a plan that cannot work. Several nodes: NNODES, NODE_RANK,
+# MASTER_ADDR, MASTER_PORT, LAUNCH_ID (torchrun, the recipe run once per node), or srun's SLURM_*.
 plan_training() {
   local data_bin=$1 plan_env
   plan_env="$(mktemp)"
@@ -306,14 +333,15 @@ plan_training() {
   "$PYTHON" "$SCRIPTS/train_plan.py" plan --data-bin "$data_bin" --arch "$ARCH" --model-flags "$MODEL_FLAGS" \
     "${stages[@]}" --average "$AVERAGE" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --max-tokens "$MAX_TOKENS" \
     --update-freq "$UPDATE_FREQ" --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
+    --nnodes "${NNODES:-1}" --node-rank "${NODE_RANK:-0}" --nproc-per-node "${NPROC_PER_NODE:-auto}" \
+    --master-addr "${MASTER_ADDR:-}" --master-port "${MASTER_PORT:-}" --launch-id "${LAUNCH_ID:-}" --out "${OUT:-}" \
     $([ "${ALLOW_BATCH:-0}" = 1 ] && echo --allow-batch) \
+    $([ "${ALLOW_LOW_DISK:-0}" = 1 ] || [ "${DRY_RUN:-0}" = 1 ] && echo --allow-low-disk) \
     --env-out "$plan_env" | sed 's/^/   /' || { rm -f "$plan_env"; exit 2; }
   # shellcheck disable=SC1090
   . "$plan_env" && rm -f "$plan_env"
-  # fairseq-train uses every visible GPU unless told: hold it to the count the plan assumed
-  if [[ "$NUM_GPUS" =~ ^[0-9]+$ ]] && [ "$DEVICE" != cpu ]; then
-    TRAIN_DEVICE_FLAGS="${TRAIN_DEVICE_FLAGS:+$TRAIN_DEVICE_FLAGS }--distributed-world-size $NUM_GPUS"
-  fi
+  # a recipe adding up several models' plans (the extrapolation recipe's --dry-run) names a file
+  if [ -n "${PLAN_TOTALS:-}" ]; then echo "$OUT $TOTAL_UPDATES $CHECKPOINT_DISK" >> "$PLAN_TOTALS"; fi
 }
 
 # run_settings DATA_BIN: what a trained model depends on besides how long it trains, one KEY=VALUE
@@ -369,14 +397,26 @@ scaling_nmt_flags() {
 }
 
 # launch_fairseq_train SAVE_DIR ARGS...: fairseq-train ARGS --save-dir SAVE_DIR with the plan's
-# device flags. The log is appended to SAVE_DIR/train.log, each run under a dated header, so a
-# run resumed after a preemption keeps the loss history; train and valid lines are echoed.
+# device and distributed flags, under the plan's launcher (torchrun on several nodes). The first
+# node appends the log to SAVE_DIR/train.log, each run under a dated header, so a run resumed
+# after a preemption keeps the loss history, and echoes its train and valid lines; the other
+# nodes write nothing there (on a shared filesystem they would race): fairseq's other ranks print
+# only warnings and errors, left in their node's output.
 launch_fairseq_train() {
   local save_dir=$1; shift
+  # torchrun runs a Python file, so fairseq-train goes by its path
+  # shellcheck disable=SC2206
+  local command=(${TRAIN_LAUNCHER:-} "$(command -v fairseq-train || echo fairseq-train)")
   mkdir -p "$save_dir"
-  printf '\n== %s fairseq-train %s\n' "$(date -u '+%F %T UTC')" "$*" >> "$save_dir/train.log"
+  if [ "${FIRST_NODE:-1}" != 1 ]; then
+    # shellcheck disable=SC2086
+    "${command[@]}" "$@" --save-dir "$save_dir" $TRAIN_DEVICE_FLAGS 2>&1 \
+      || die "fairseq-train failed on node ${NODE_RANK:-${SLURM_NODEID:-?}} (the first node's log: $save_dir/train.log)"
+    return 0
+  fi
+  printf '\n== %s %s %s\n' "$(date -u '+%F %T UTC')" "${TRAIN_LAUNCHER:+$TRAIN_LAUNCHER }fairseq-train" "$*" >> "$save_dir/train.log"
   # shellcheck disable=SC2086
-  fairseq-train "$@" --save-dir "$save_dir" $TRAIN_DEVICE_FLAGS 2>&1 \
+  "${command[@]}" "$@" --save-dir "$save_dir" $TRAIN_DEVICE_FLAGS 2>&1 \
     | tee -a "$save_dir/train.log" | awk '/\| (train|valid) \| epoch|done training/ { print "   " $0; fflush() }' \
     || die "fairseq-train failed (log: $save_dir/train.log)"
 }

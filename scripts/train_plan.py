@@ -9,11 +9,20 @@ checkpoints, averaging, disk; and, after training, whether a run reached its tar
     # exit 0 if the checkpoint reached the stage's end, 3 (one line saying where it stopped) if not
     python scripts/train_plan.py check-finished --checkpoint runs/x/checkpoint_last.pt \\
         --max-update 100000 [--max-epoch 30]
+    # exit 2 (one line) if prepare.sh's corpus would not fit on the disk of --work
+    python scripts/train_plan.py prepare-space --work data/x --recipe wmt14_en_de --sources S \\
+        --archives-dir data/archives --src en --tgt de      # or --raw-text data/x/raw once extracted
 
-Tokens per update: fairseq splits every batch of --max-tokens over the visible GPUs and sums
---update-freq of them per update, so one update holds about max_tokens x GPUs x update_freq
-tokens. --update-freq auto keeps that near --tokens-per-update (8 x 4096 = 32768 padded tokens,
-the ~25k source + 25k target tokens of Vaswani et al.): 8 on one GPU, 1 on eight.
+World: the processes of every node (find_world): NNODES > 1 runs torchrun on each node (the
+recipe once per node, NODE_RANK, MASTER_ADDR, LAUNCH_ID); under srun, SLURM's tasks, as fairseq
+reads them (a task a node: every GPU it sees; a task per process: SLURM_PROCID's rank); else this
+node's GPUs (NUM_GPUS of them), or one CPU process. The first process writes the shared files.
+
+Tokens per update: every process takes its own batches of --max-tokens and --update-freq of them
+make an update, so one update holds about max_tokens x world x update_freq tokens. With both auto
+that is kept within 0.1% of 32768 padded tokens (8 x 4096, the ~25k source + 25k target tokens of
+Vaswani et al.) at any world size; a given --max-tokens (or a longest pair above what the world
+allows) states its deviation and is refused past 5% unless --allow-batch.
 
 Updates per epoch: the batches fairseq-train makes of the binarized training set (the .idx
 sizes, sorted and cut by fairseq's own batch_by_size at --max-tokens), shared by the GPUs,
@@ -24,7 +33,8 @@ Checkpoints: every --save-interval-updates updates (auto: 1250 for base, 600 for
 and 300k updates), the last --average kept and averaged. A checkpoint due exactly at an epoch's end is written as an epoch checkpoint
 instead, and a stage ending between two intervals leaves its last updates out of the average:
 both are counted. A plan whose last stage writes fewer interval checkpoints than --average is
-refused (exit 2).
+refused (exit 2), and so is one whose checkpoints do not fit the free space of --out's
+filesystem (unless --allow-low-disk).
 """
 import argparse
 import logging
@@ -79,13 +89,25 @@ def device_settings(device: str, gpus: int, precision: str) -> Dict[str, str]:
     """Training and decoding flags for the device, and a line saying which it is."""
     flags = precision.split()
     if device == "cpu":
-        # bf16 trains on the CPU with compat.bf16_without_tpu; fairseq's fp16 and amp need CUDA
-        if any(f in PRECISION_FLAGS and "bf16" not in f for f in flags):
-            raise PlanError(f"DEVICE=cpu with {precision}: fairseq-train runs fp16 and amp on a GPU only "
-                            "(--bf16 runs on the CPU)")
-        bf16 = " --bf16" if any("bf16" in f for f in flags) else ""
-        return {"TRAIN_DEVICE_FLAGS": f"--cpu {' '.join(flags)}".strip(), "GEN_DEVICE_FLAGS": f"--cpu{bf16}",
-                "DEVICE_DESC": f"CPU (DEVICE=cpu asked for it; {'bf16' if bf16 else 'fp32'})"}
+        # What fairseq-train does on the CPU (measured with torch's CPU build): --bf16 and
+        # --memory-efficient-bf16 train (compat.bf16_without_tpu); --fp16 builds its fp32 master
+        # copy on torch.cuda.current_device() unless --fp16-no-flatten-grads, while
+        # --memory-efficient-fp16 keeps none and trains; --amp is CUDA's autocast, which torch
+        # switches off on the CPU, so the run would be fp32 under a half-precision name
+        if "--amp" in flags:
+            raise PlanError(f"DEVICE=cpu with {precision}: --amp autocasts on CUDA only (on the CPU torch turns it "
+                            "off and fairseq-train runs fp32); use --bf16")
+        if "--fp16" in flags and "--fp16-no-flatten-grads" not in flags:
+            raise PlanError(f"DEVICE=cpu with {precision}: fairseq's --fp16 keeps its fp32 weights on a CUDA device; "
+                            "on the CPU use --bf16, --memory-efficient-fp16 or --fp16 --fp16-no-flatten-grads")
+        train = [f for f in flags if f != "--cpu"]
+        gen = list(dict.fromkeys(PRECISION_FLAGS.get(f, f) for f in train))
+        # the plugin's models cast themselves for --bf16 (prepare_for_inference_), fairseq halves for --fp16
+        name = "bf16" if "--bf16" in gen else "fp16" if "--fp16" in gen else "fp32"
+        desc = (f"CPU (DEVICE=cpu asked for it; {' '.join(train)}); decoding on the CPU ({name})" if train
+                else "CPU (DEVICE=cpu asked for it; fp32)")
+        return {"TRAIN_DEVICE_FLAGS": " ".join(["--cpu", *train]), "GEN_DEVICE_FLAGS": " ".join(["--cpu", *gen]),
+                "DEVICE_DESC": desc}
     if device not in ("auto", "gpu"):
         raise PlanError(f"DEVICE must be auto, gpu or cpu, got {device!r}")
     if gpus == 0:
@@ -113,20 +135,182 @@ MAX_TOKENS_PER_GPU = 4096  # the papers' batch per GPU (fits fp16 base and big o
 
 
 def batch_for(max_tokens: Optional[int], gpus: int, update_freq: Optional[int] = None,
-              target: int = TOKENS_PER_UPDATE):
+              target: int = TOKENS_PER_UPDATE, longest: int = 1):
     """(max_tokens, update_freq, relative deviation of max_tokens x GPUs x update_freq from
     ``target``). Whatever is not given is chosen: with both free, the fewest batches per update
     of at most 4096 tokens, and max_tokens = target / (GPUs x update_freq), so that 3, 5, 6 or
     16 GPUs hold the same ~32k tokens an update as 1, 2, 4 and 8 (4096 x GPUs x round(8 / GPUs)
-    is 12.5% to 2x off there)."""
+    is 12.5% to 2x off there). A chosen max_tokens is at least ``longest`` (the longest training
+    pair: fairseq refuses a batch that cannot hold it), which on a large world overshoots."""
     gpus = max(gpus, 1)
     if max_tokens is None:
         if update_freq is None:
             update_freq = max(1, math.ceil(target / (MAX_TOKENS_PER_GPU * gpus)))
-        max_tokens = max(1, round(target / (gpus * update_freq)))
+        max_tokens = max(1, longest, round(target / (gpus * update_freq)))
     elif update_freq is None:
         update_freq = update_freq_for(max_tokens, gpus, target)
     return max_tokens, update_freq, max_tokens * gpus * update_freq / target - 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Several processes and nodes. fairseq-train finds its world in three ways (fairseq/distributed/
+# utils.py, infer_init_method): torchrun's environment (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK:
+# one process per GPU, started by torchrun on each node), SLURM's (the node list, SLURM_NNODES,
+# SLURM_NTASKS_PER_NODE or SLURM_NTASKS, SLURM_NODEID, SLURM_PROCID, SLURM_LOCALID, and
+# `scontrol show hostnames`; the first node's port from --distributed-port), or neither (one node:
+# it spawns a process per GPU). The plan works out the same world, so that its tokens per update
+# and updates per epoch are the ones fairseq-train will run, and which process writes the files
+# every node shares (logs, settings, markers, averages).
+TORCHRUN_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+@dataclass
+class World:
+    launcher: str  # "node" (fairseq-train alone), "torchrun" or "slurm"
+    nodes: int
+    per_node: int  # processes a node: one per GPU (on the CPU, as many as asked)
+    node_rank: int
+    first: bool  # this process writes the shared files (the first process of the first node)
+    launch_id: str = ""  # what every node of this launch shares (scripts/steps.py stage --launch)
+    flags: Optional[List[str]] = None  # fairseq-train's distributed flags
+    command: Optional[List[str]] = None  # what starts fairseq-train on this node ([]: it is run itself)
+    how: str = ""
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.per_node
+
+
+def torch_gpus() -> int:
+    """The GPUs torch sees on this node (CUDA_VISIBLE_DEVICES respected)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _int(value, what: str) -> int:
+    if value is None or not str(value).isdigit():
+        raise PlanError(f"{what} must be a number, got {value!r}")
+    return int(value)
+
+
+def find_world(env, device: str, asked: Optional[int], visible: int, nnodes: int = 1, node_rank: int = 0,
+               nproc_per_node: Optional[int] = None, master_addr: str = "", master_port: str = "",
+               launch_id: str = "", scontrol: Optional[bool] = None) -> World:
+    """The world fairseq-train will run in on this node, from the launcher's environment ``env``.
+
+    ``asked``: NUM_GPUS, the GPUs of the whole run (None: every GPU torch sees, ``visible``, on
+    each node). ``nnodes`` > 1 (NNODES): the recipe runs once per node and starts torchrun there
+    (NODE_RANK, MASTER_ADDR, MASTER_PORT, NPROC_PER_NODE). Otherwise SLURM's environment, where
+    there is one and ``scontrol`` is on the PATH, as fairseq requires; otherwise this node alone.
+    On the CPU a node runs NPROC_PER_NODE processes (1 by default), or SLURM's tasks."""
+    import shutil
+
+    cpu = device == "cpu"
+    if all(key in env for key in TORCHRUN_ENV):
+        raise PlanError("WORLD_SIZE and RANK are set (is the recipe running under torchrun?): fairseq-train would take "
+                        "them for its own; run the recipe once per node with NNODES, NODE_RANK and MASTER_ADDR (it "
+                        "starts torchrun itself), or unset them")
+
+    def gpus_a_node(nodes: int) -> int:
+        if asked is None:
+            return nproc_per_node or visible
+        if asked % nodes:
+            raise PlanError(f"NUM_GPUS={asked} (the GPUs of all nodes) does not divide into {nodes} nodes")
+        per_node = asked // nodes
+        if visible and per_node > visible:
+            raise PlanError(f"NUM_GPUS={asked} is {per_node} GPUs a node but torch sees {visible} here: for several "
+                            "nodes set NNODES, NODE_RANK and MASTER_ADDR (torchrun) or start the recipe with srun")
+        return per_node
+
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise PlanError(f"NODE_RANK={node_rank} is not one of the {nnodes} nodes (0 to {nnodes - 1})")
+    node_list = env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST"))
+    if scontrol is None:
+        scontrol = shutil.which("scontrol", path=env.get("PATH")) is not None
+    if nnodes > 1 or (cpu and (nproc_per_node or 1) > 1 and not (node_list and scontrol)):
+        per_node = (nproc_per_node or 1) if cpu else gpus_a_node(nnodes)
+        if nnodes > 1 and not master_addr:
+            raise PlanError(f"NNODES={nnodes} needs MASTER_ADDR: the address of the node with NODE_RANK=0, the same "
+                            "on every node")
+        if nnodes > 1 and not launch_id:
+            raise PlanError(f"NNODES={nnodes} needs LAUNCH_ID: an id every node of this launch shares and no earlier "
+                            "launch used (the scheduler's job id, say), so that the nodes act on the same decision")
+        port = master_port or "29500"
+        command = ["torchrun", "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node",
+                   str(per_node), "--master-addr", master_addr or "127.0.0.1", "--master-port", port]
+        world = World("torchrun", nnodes, per_node, node_rank, node_rank == 0, launch_id, command=command,
+                      how=f"torchrun on each node, meeting at {master_addr or '127.0.0.1'}:{port}")
+    elif node_list and scontrol:
+        if "SLURM_NNODES" not in env:
+            raise PlanError("SLURM's node list is set but SLURM_NNODES is not: start the recipe with srun")
+        nodes = _int(env["SLURM_NNODES"], "SLURM_NNODES")
+        if "SLURM_NTASKS_PER_NODE" in env:
+            tasks = _int(env["SLURM_NTASKS_PER_NODE"], "SLURM_NTASKS_PER_NODE")
+        else:
+            total = _int(env.get("SLURM_NTASKS", str(nodes)), "SLURM_NTASKS")
+            if total % nodes:
+                raise PlanError(f"SLURM_NTASKS={total} tasks do not divide into SLURM_NNODES={nodes} nodes: give "
+                                "srun --ntasks-per-node")
+            tasks = total // nodes
+        node_rank = _int(env.get("SLURM_NODEID", "0"), "SLURM_NODEID")
+        rank = _int(env.get("SLURM_PROCID", "0"), "SLURM_PROCID")
+        if tasks == 1:
+            if cpu:
+                if nodes > 1:
+                    raise PlanError("under SLURM with one task a node fairseq-train starts a process per GPU, and on "
+                                    "the CPU there is none: start a task per process (srun --ntasks-per-node=P)")
+                per_node = 1
+            else:
+                # fairseq takes nodes x the GPUs it sees, whatever --distributed-world-size says
+                per_node = visible or (asked // nodes if asked else 0)
+                if asked is not None and visible and asked != nodes * visible:
+                    a_node = asked // nodes if asked % nodes == 0 else "fewer"
+                    raise PlanError(f"NUM_GPUS={asked}, but under SLURM fairseq-train uses every GPU it sees on each "
+                                    f"node: {nodes} node(s) x {visible} = {nodes * visible}; ask SLURM for {a_node} "
+                                    "GPUs a node, or set NUM_GPUS=auto")
+            how = "SLURM, a task a node: fairseq-train starts a process per GPU"
+        else:
+            per_node = tasks
+            if not cpu and visible and tasks > visible:
+                raise PlanError(f"SLURM starts {tasks} tasks a node and fairseq puts task SLURM_LOCALID on that GPU, "
+                                f"but torch sees {visible}: give each task the node's GPUs (--gpus-per-node, not "
+                                "--gpus-per-task)")
+            if asked is not None and asked != nodes * tasks:
+                raise PlanError(f"NUM_GPUS={asked}, but SLURM starts {nodes} node(s) x {tasks} tasks = {nodes * tasks} "
+                                "processes, one per GPU: set NUM_GPUS=auto or change srun's task count")
+            how = "SLURM, a task per process"
+        job, step = env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "batch")
+        # the same on every node; another step of the job (or its requeued run) gets another
+        import random
+
+        port = master_port or str(random.Random(f"{job}.{step}").randint(10000, 60000))
+        world = World("slurm", nodes, per_node, node_rank, rank == 0,
+                      launch_id or f"slurm-{job}.{step}.{env.get('SLURM_RESTART_COUNT', '0')}", command=[],
+                      how=how, flags=["--distributed-port", port] if nodes * per_node > 1 else [])
+    else:
+        per_node = 1 if cpu else gpus_a_node(1)
+        world = World("node", 1, per_node, 0, True, launch_id, command=[],
+                      how="this node alone" + ("" if cpu else ": fairseq-train starts a process per GPU"))
+    flags = list(world.flags or [])
+    if not cpu or world.size > 1:
+        flags = ["--distributed-world-size", str(world.size)] + flags
+    if cpu and world.size > 1:
+        flags += ["--distributed-backend", "gloo"]  # NCCL needs GPUs
+    world.flags = flags
+    return world
+
+
+def describe_world(world: World, cpu: bool) -> str:
+    unit = ("process" if world.size == 1 else "processes") if cpu else ("GPU" if world.size == 1 else "GPUs")
+    line = f"{world.size} {unit}"
+    if world.nodes > 1 or world.launcher != "node":
+        line += f" = {world.nodes} node(s) x {world.per_node} ({world.how}); this is node {world.node_rank}"
+        line += (", which writes the shared files (FIRST_NODE=1)" if world.first
+                 else ", which leaves the shared files to the first process (FIRST_NODE=0)")
+    else:
+        line += f" ({world.how})"
+    return line
 
 
 # ------------------------------------------------------------------------------------------------
@@ -231,6 +415,66 @@ def dictionary_size(data_bin: str, src: str) -> int:
         return sum(1 for _ in f) + 4  # <s>, <pad>, </s>, <unk>
 
 
+# Disk. prepare.sh keeps about 7-9x the extracted text: raw/, tok/, split/, bpe/ (a segmented
+# copy), the cleaned train/valid/test and train.tok.* beside them, and data-bin/ (measured on
+# tests/test_recipes.py's miniature archives, 3,600 pairs: 7.1x with subword-nmt merging every word
+# whole, 9.1x with 60 merges splitting most; real 40k-merge BPE lies between); 9.2 leaves a margin.
+PREPARED_PER_RAW = 9.2
+# the extracted text of a recipe's pair per byte of the archives it reads (estimated from the
+# published corpus sizes: Europarl and Common Crawl archives also hold other pairs, Gigaword
+# French-English and UN are larger uncompressed)
+RAW_PER_ARCHIVE = {"wmt14_en_de": 0.8, "wmt14_en_fr": 2.0, "wmt18": 0.8}
+
+
+def bytes_under(path: str, suffix: str = "") -> int:
+    """Bytes of the files under ``path`` (or of ``path`` itself), those ending in ``suffix`` only if given."""
+    if os.path.isfile(path):
+        return os.path.getsize(path) if path.endswith(suffix) else 0
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files
+                     if f.endswith(suffix) and not os.path.islink(os.path.join(root, f)))
+    return total
+
+
+def disk_free(path: str) -> int:
+    """Free bytes of the filesystem ``path`` is (or will be) on."""
+    import shutil
+
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free
+
+
+def check_space(path: str, needed: float, held: int, what: str, allow: bool) -> str:
+    """One line on ``needed`` bytes (``held`` of them already in ``path``) against the free space
+    of ``path``'s filesystem; PlanError when short, unless ``allow``. ``what`` ends in its verb."""
+    free = disk_free(path)
+    line = (f"{what} about {human_bytes(needed)}" + (f" ({human_bytes(held)} already in {path})" if held else "")
+            + f"; {human_bytes(free)} free on the filesystem of {path}")
+    if needed - held > free:
+        if not allow:
+            raise PlanError(f"{line}: free some, use another directory, or set ALLOW_LOW_DISK=1 to go on")
+        line += ": short (a run stops here unless ALLOW_LOW_DISK=1)"
+    return line
+
+
+def prepare_space(work: str, recipe: str, archives: List[str] = (), raw_text: str = "", allow: bool = False) -> str:
+    """The disk a prepared corpus takes, from the extracted text once it is there (``raw_text``),
+    else estimated from the archives' size."""
+    if raw_text:
+        raw = bytes_under(raw_text)
+        basis = f"{PREPARED_PER_RAW}x the {human_bytes(raw)} of extracted text"
+    else:
+        ratio = next((r for name, r in RAW_PER_ARCHIVE.items() if recipe.startswith(name)), 2.0)  # wmt18_cs_en
+        size = sum(os.path.getsize(a) for a in archives)
+        raw = size * ratio
+        basis = (f"an estimate: {PREPARED_PER_RAW}x the text, itself ~{ratio}x the {human_bytes(size)} of "
+                 "archives")
+    return check_space(work, raw * PREPARED_PER_RAW, bytes_under(work), f"the prepared corpus ({basis}) needs", allow)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
@@ -242,28 +486,43 @@ def human_bytes(n: float) -> str:
 # ------------------------------------------------------------------------------------------------
 def make_plan(args) -> Dict[str, str]:
     stages = [Stage(name, None if u == "-" else int(u), None if e == "-" else int(e)) for name, u, e in args.stage]
-    gpus = visible_gpus(args.gpus)
-    device = device_settings(args.device, gpus, args.precision)
-    workers = 1 if args.device == "cpu" else gpus
+    cpu = args.device == "cpu"
+    asked = None if args.gpus == "auto" else visible_gpus(args.gpus)
+    world = find_world(os.environ, args.device, asked, torch_gpus(), nnodes=_int(args.nnodes or "1", "NNODES"),
+                       node_rank=_int(args.node_rank or "0", "NODE_RANK"),
+                       nproc_per_node=None if args.nproc_per_node in ("", "auto") else _int(args.nproc_per_node,
+                                                                                            "NPROC_PER_NODE"),
+                       master_addr=args.master_addr, master_port=args.master_port, launch_id=args.launch_id)
+    workers = world.size
+    device = device_settings(args.device, 0 if cpu else workers, args.precision)
+    if world.launcher != "node" or world.nodes > 1 or (cpu and workers > 1):
+        device["DEVICE_DESC"] += f", {world.nodes} node(s) x {world.per_node} ({world.launcher})"
+    src_sizes, tgt_sizes = dataset_sizes(args.data_bin, args.src, args.tgt)
+    longest = int(max(src_sizes.max(), tgt_sizes.max())) if len(src_sizes) else 1
     chosen = args.max_tokens == "auto" or args.update_freq == "auto"
     max_tokens, update_freq, deviation = batch_for(None if args.max_tokens == "auto" else int(args.max_tokens), workers,
-                                                   None if args.update_freq == "auto" else int(args.update_freq))
+                                                   None if args.update_freq == "auto" else int(args.update_freq),
+                                                   longest=longest)
+    held_up = (args.max_tokens == "auto" and max_tokens == longest
+               and max_tokens * workers * update_freq > TOKENS_PER_UPDATE)  # by the longest pair
     args.max_tokens = max_tokens
     interval = SAVE_INTERVAL[args.arch] if args.save_interval_updates == "auto" else int(args.save_interval_updates)
-    src_sizes, tgt_sizes = dataset_sizes(args.data_bin, args.src, args.tgt)
     batches = batches_per_epoch(src_sizes, tgt_sizes, args.max_tokens)
     per_epoch = updates_per_epoch(batches, workers, update_freq)
     tokens = args.max_tokens * workers * update_freq
     real_tokens = int(src_sizes.sum() + tgt_sizes.sum())
     print(f"| device: {device['DEVICE_DESC']}")
-    print(f"| tokens per update: {args.max_tokens} x {workers} {'GPU' if gpus and args.device != 'cpu' else 'CPU'}"
-          f" x update-freq {update_freq} = {tokens} padded tokens at most ({deviation:+.1%} from the papers' "
-          f"{TOKENS_PER_UPDATE})")
+    print(f"| world: {describe_world(world, cpu)}")
+    unit = "GPU" if not cpu else "CPU process" if workers == 1 else "CPU processes"
+    print(f"| tokens per update: {args.max_tokens} x {workers} {unit} x update-freq {update_freq} = {tokens} padded "
+          f"tokens at most ({deviation:+.1%} from the papers' {TOKENS_PER_UPDATE})")
     if chosen and abs(deviation) > BATCH_TOLERANCE:
+        why = (f"MAX_TOKENS={longest}, the longest training pair" if held_up else f"MAX_TOKENS={args.max_tokens}")
         if not args.allow_batch:
             raise PlanError(f"{tokens} tokens per update is {deviation:+.1%} from the papers' {TOKENS_PER_UPDATE} at "
-                            f"{workers} GPU(s) with MAX_TOKENS={args.max_tokens}: set MAX_TOKENS=auto, or "
-                            "ALLOW_BATCH=1 to train with it (the lr and the update count stay the papers')")
+                            f"{workers} {'process(es)' if cpu else 'GPU(s)'} with {why}: "
+                            + ("train on fewer" if held_up else "set MAX_TOKENS=auto")
+                            + ", or ALLOW_BATCH=1 to train with it (the lr and the update count stay the papers')")
         print(f"| note: tokens per update {deviation:+.1%} from the papers' (ALLOW_BATCH=1)")
     print(f"| training set: {len(src_sizes)} pairs, {real_tokens} tokens (source + target, with </s>), "
           f"{batches} batches of --max-tokens {args.max_tokens}")
@@ -273,7 +532,10 @@ def make_plan(args) -> Dict[str, str]:
     disk = total = 0
     values = {**device, "UPDATE_FREQ": str(update_freq), "MAX_TOKENS": str(args.max_tokens),
               "SAVE_INTERVAL_UPDATES": str(interval),
-              "UPDATES_PER_EPOCH": str(per_epoch), "TOKENS_PER_UPDATE": str(tokens)}
+              "UPDATES_PER_EPOCH": str(per_epoch), "TOKENS_PER_UPDATE": str(tokens),
+              "WORLD_SIZE": str(workers), "FIRST_NODE": "1" if world.first else "0", "LAUNCH_ID": world.launch_id,
+              "TRAIN_LAUNCHER": " ".join(world.command)}
+    values["TRAIN_DEVICE_FLAGS"] = " ".join([values["TRAIN_DEVICE_FLAGS"], *world.flags]).strip()
     for number, stage in enumerate(stages, 1):
         end = stage_end(stage, per_epoch)
         last = number == len(stages)
@@ -311,7 +573,24 @@ def make_plan(args) -> Dict[str, str]:
     print(f"| disk for checkpoints: about {human_bytes(disk)} ({human_bytes(checkpoint)} each, estimated for "
           f"{parameters(args.arch, vocab, args.model_flags) / 1e6:.1f}M parameters with Adam's state)")
     values["CHECKPOINT_DISK"] = str(disk)
+    values["TOTAL_UPDATES"] = str(total)
+    if args.out:
+        # checkpoints already there (a resumed run) are replaced or kept, not added
+        print("| disk: " + check_space(args.out, disk, bytes_under(args.out, ".pt"), "the checkpoints need",
+                                       args.allow_low_disk))
     return values
+
+
+def totals(plans: str, out: str, allow: bool = False) -> List[str]:
+    """Lines adding up the plans in ``plans`` (one ``OUT UPDATES DISK`` line per model, as
+    recipes/common.sh's plan_training appends them), the disk checked against ``out``'s filesystem."""
+    rows = [line.split() for line in open(plans, encoding="utf-8") if line.strip()]
+    if not rows:
+        raise PlanError(f"no plan in {plans}")
+    updates = sum(int(r[1]) for r in rows)
+    disk = sum(int(r[2]) for r in rows)
+    return [f"total for {len(rows)} model(s): {updates} updates, about {human_bytes(disk)} of checkpoints",
+            "disk: " + check_space(out, disk, bytes_under(out, ".pt"), "they need", allow)]
 
 
 def read_progress(path: str):
@@ -367,6 +646,21 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--allow-batch", action="store_true",
                    help="train even when the chosen batch is more than 5%% from the papers' tokens per update")
     p.add_argument("--update-freq", default="auto", help="batches per update per GPU (auto: ~32768 tokens an update)")
+    p.add_argument("--nnodes", default="1", help="NNODES: nodes of a torchrun launch (the recipe runs once on each)")
+    p.add_argument("--node-rank", default="0", help="NODE_RANK: this node's place among them (0 writes the logs)")
+    p.add_argument("--nproc-per-node", default="auto",
+                   help="NPROC_PER_NODE: processes a node (auto: NUM_GPUS / NNODES, or every GPU torch sees; "
+                        "1 on the CPU)")
+    p.add_argument("--master-addr", default="", help="MASTER_ADDR: the address of node 0, for torchrun")
+    p.add_argument("--master-port", default="",
+                   help="MASTER_PORT: where the processes meet on the first node (torchrun: 29500; SLURM: "
+                        "derived from the job and step ids)")
+    p.add_argument("--launch-id", default="",
+                   help="LAUNCH_ID: shared by every node of one launch, new for each (SLURM: from the job)")
+    p.add_argument("--out", default="", help="where the checkpoints go: its filesystem's free space is checked")
+    p.add_argument("--allow-low-disk", action="store_true",
+                   help="only say it when the checkpoints need more than the free space of --out's filesystem "
+                        "(ALLOW_LOW_DISK=1, and --dry-run)")
     p.add_argument("--gpus", default="auto", help="GPUs fairseq will use (auto: those torch sees)")
     p.add_argument("--device", default="auto", help="auto | gpu | cpu (cpu only when asked for)")
     p.add_argument("--precision", default="--fp16", help="fairseq's precision flags on a GPU (--fp16, --bf16, --amp, ...)")
@@ -376,6 +670,19 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--device", default="auto", help="auto | gpu | cpu (cpu only when asked for)")
     p.add_argument("--precision", default="--fp16", help="fairseq's precision flags on a GPU")
     p.add_argument("--env-out", help="write the settings as shell assignments here")
+    p = sub.add_parser("prepare-space", help="refuse (exit 2) when a corpus's preparation would not fit on its disk")
+    p.add_argument("--work", required=True, help="the directory prepare.sh writes (--out)")
+    p.add_argument("--recipe", default="", help="the recipe (its archives' text ratio)")
+    p.add_argument("--sources", help="the recipe's sources file (which archives the pair reads)")
+    p.add_argument("--archives-dir", help="where the archives are")
+    p.add_argument("--src", default="", help="source language")
+    p.add_argument("--tgt", default="", help="target language")
+    p.add_argument("--raw-text", default="", help="the extracted text (WORK/raw): measured instead of estimated")
+    p.add_argument("--allow-low-disk", action="store_true", help="only say it when the space is short")
+    p = sub.add_parser("totals", help="add up several models' plans (the extrapolation recipe's --dry-run)")
+    p.add_argument("--plans", required=True, help="a file of OUT UPDATES DISK lines, one per model")
+    p.add_argument("--out", required=True, help="where the models go: its filesystem's free space is checked")
+    p.add_argument("--allow-low-disk", action="store_true", help="only say it when the space is short")
     p = sub.add_parser("check-finished", help="exit 3 unless the checkpoint reached --max-update or --max-epoch")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--max-update", type=int, help="the stage's --max-update")
@@ -386,6 +693,17 @@ def main(argv: Optional[List[str]] = None):
             if args.average < 1:
                 raise PlanError("--average must be at least 1")
             values = make_plan(args)
+        elif args.command == "totals":
+            for line in totals(args.plans, args.out, args.allow_low_disk):
+                print("| " + line)
+        elif args.command == "prepare-space":
+            archives = []
+            if not args.raw_text:
+                from wmt_data import read_sources
+
+                corpora = read_sources(args.sources, args.src, args.tgt)[1]
+                archives = [os.path.join(args.archives_dir, name) for name in sorted({c.archive for c in corpora})]
+            print("| disk: " + prepare_space(args.work, args.recipe, archives, args.raw_text, args.allow_low_disk))
         elif args.command == "device":
             values = device_settings(args.device, visible_gpus(args.gpus), args.precision)
             print(f"| device: {values['DEVICE_DESC']}")
@@ -393,7 +711,7 @@ def main(argv: Optional[List[str]] = None):
             if args.env_out:
                 with open(args.env_out, "w", encoding="utf-8") as f:
                     f.writelines(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
-        else:
+        elif args.command == "check-finished":
             print("| " + check_finished(args.checkpoint, args.max_update, args.max_epoch))
     except PlanError as e:
         parser.exit(3 if args.command == "check-finished" else 2, f"train_plan.py: error: {e}\n")

@@ -5,13 +5,11 @@ import os
 
 import pytest
 import torch
-from fairseq.data import Dictionary
 
 from fairseq_posenc import pipeline, toy_data
-from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from tolerances import float32_tolerance, transformer_terms
-from toy import TINY
+from toy import TINY, model_that_saved
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +31,6 @@ def _train(corpus, encoding):
     return os.path.join(save_dir, "checkpoint_last.pt")
 
 
-def _model_that_saved(checkpoint, data_bin):
-    state = torch.load(checkpoint, map_location="cpu")
-    dictionary = Dictionary.load(os.path.join(data_bin, "dict.src.txt"))
-
-    class Task:
-        source_dictionary = target_dictionary = dictionary
-
-    model = PosencTransformerModel.build_model(state["cfg"]["model"], Task())
-    model.load_state_dict(state["model"], strict=True)
-    return model.eval(), dictionary
-
-
 def _parse_positional_scores(text):
     scores = {}
     for line in text.splitlines():
@@ -64,7 +50,7 @@ def test_train_and_generate_reload_the_same_model(corpus, encoding):
                         "--path", checkpoint, "--score-reference", "--batch-size", "8"],
                        f"{checkpoint}.score.log", capture_stdout=True)
     cli_scores = _parse_positional_scores(out)
-    model, dictionary = _model_that_saved(checkpoint, corpus["bin"])
+    model, dictionary = model_that_saved(checkpoint, corpus["bin"])
     with open(corpus["raw"]["test"] + ".src") as fs, open(corpus["raw"]["test"] + ".tgt") as ft:
         pairs = list(zip(fs, ft))
     assert sorted(cli_scores) == list(range(len(pairs)))

@@ -554,6 +554,12 @@ def test_extrapolation_dry_run_plans_each_model_with_its_own_defaults_and_a_new_
     plans = re.findall(r"\| averaged: updates ([\d, ]+) \(", stdout)
     # sinusoidal (big: last 20), FLOATER (its paper: last 5), learned (big again: last 20)
     assert [len(p.split(", ")) for p in plans] == [20, 5, 20]
+    # the dry run adds up every model's stages (FLOATER's two among them) and checks the disk once
+    ends = [int(n) for n in re.findall(r"\| stage \S+: ends at its update (\d+) ", stdout)]
+    assert len(ends) == 4 and ends[0] == ends[3] == 400
+    assert f"| total for 3 model(s): {sum(ends)} updates, about " in stdout
+    assert re.search(r"\| disk: they need about [\d.]+ [KMGT]?B; [\d.]+ [KMGT]?B free on the filesystem of ", stdout)
+    assert not (out / ".plan_totals").exists()
     assert stdout.count("== --dry-run: nothing trained") >= 3 and "== --dry-run: nothing trained, no report" in stdout
     assert not (out / "sinusoidal").exists() or not any((out / "sinusoidal").glob("*.pt"))
     assert not (out / "bleu_by_length.md").exists()
@@ -568,6 +574,8 @@ def test_extrapolation_dry_run_plans_each_model_with_its_own_defaults_and_a_new_
     assert len(lines(out / "split" / "long.en")) == long_pairs  # the one test set holds no old bin
     proc = run("extrapolation/run.sh", ["--pair", "de-en"], env=env)
     assert proc.returncode == 2 and "--pair: wmt14_en_de has one pair" in proc.stderr
+    proc = run("extrapolation/run.sh", ["--dry-run"], env={**env, "NNODES": "2"})
+    assert proc.returncode == 2 and "the extrapolation recipe runs on one node (NNODES=2" in proc.stderr
 
     # the validation set is cut at TRAIN_BELOW too (counted in words: subword-nmt's @@ undone), so
     # that checkpoint selection sees no test length

@@ -160,17 +160,40 @@ def test_stage_with_no_end_is_refused(en_fr_like, run):
     ("cpu", 4, "", "--cpu", "--cpu"),  # asked for the CPU although GPUs are visible
     ("cpu", 0, "--bf16", "--cpu --bf16", "--cpu --bf16"),  # compat.bf16_without_tpu
     ("cpu", 0, "--memory-efficient-bf16", "--cpu --memory-efficient-bf16", "--cpu --bf16"),
+    ("cpu", 0, "--cpu --bf16", "--cpu --bf16", "--cpu --bf16"),  # --cpu said twice, passed once
+    # fairseq's fp16 without a flat fp32 copy on a CUDA device trains on the CPU
+    ("cpu", 0, "--memory-efficient-fp16", "--cpu --memory-efficient-fp16", "--cpu --fp16"),
+    ("cpu", 0, "--fp16 --fp16-no-flatten-grads", "--cpu --fp16 --fp16-no-flatten-grads",
+     "--cpu --fp16 --fp16-no-flatten-grads"),
 ])
 def test_device_flags_of_training_and_decoding(device, gpus, precision, train, gen):
     values = train_plan.device_settings(device, gpus, precision)
     assert values["TRAIN_DEVICE_FLAGS"] == train and values["GEN_DEVICE_FLAGS"] == gen
 
 
+@pytest.mark.parametrize("device, gpus, precision, desc", [
+    ("cpu", 0, "", "CPU (DEVICE=cpu asked for it; fp32)"),
+    ("cpu", 0, "--bf16", "CPU (DEVICE=cpu asked for it; --bf16); decoding on the CPU (bf16)"),
+    ("cpu", 0, "--memory-efficient-bf16",
+     "CPU (DEVICE=cpu asked for it; --memory-efficient-bf16); decoding on the CPU (bf16)"),
+    ("cpu", 0, "--memory-efficient-fp16",
+     "CPU (DEVICE=cpu asked for it; --memory-efficient-fp16); decoding on the CPU (fp16)"),
+    ("auto", 2, "--bf16", "2 GPU(s) (--bf16); decoding on 1 GPU (bf16)"),
+    ("auto", 1, "--amp", "1 GPU(s) (--amp); decoding on 1 GPU (fp32)"),
+])
+def test_device_line_says_how_training_and_decoding_run(device, gpus, precision, desc):
+    # --bf16 decodes in bf16: the plugin's models cast themselves in prepare_for_inference_
+    # (tests/test_bf16.py); fairseq-generate itself casts only for --fp16
+    assert train_plan.device_settings(device, gpus, precision)["DEVICE_DESC"] == desc
+
+
 @pytest.mark.parametrize("device, gpus, precision, message", [
     ("auto", 0, "--fp16", "no GPU visible (torch.cuda.device_count() is 0): a WMT-size stage would take weeks on "
                           "CPU; set DEVICE=cpu to run it there anyway"),
-    ("cpu", 0, "--fp16", "DEVICE=cpu with --fp16: fairseq-train runs fp16 and amp on a GPU only (--bf16 runs on the CPU)"),
-    ("cpu", 0, "--amp", "DEVICE=cpu with --amp: fairseq-train runs fp16 and amp on a GPU only (--bf16 runs on the CPU)"),
+    ("cpu", 0, "--fp16", "DEVICE=cpu with --fp16: fairseq's --fp16 keeps its fp32 weights on a CUDA device; on the "
+                         "CPU use --bf16, --memory-efficient-fp16 or --fp16 --fp16-no-flatten-grads"),
+    ("cpu", 0, "--amp", "DEVICE=cpu with --amp: --amp autocasts on CUDA only (on the CPU torch turns it off and "
+                        "fairseq-train runs fp32); use --bf16"),
     ("auto", 1, "--cpu", "DEVICE_FLAGS=--cpu asks for the CPU while 1 GPU(s) are visible: set DEVICE=cpu instead"),
     ("tpu", 1, "", "DEVICE must be auto, gpu or cpu, got 'tpu'"),
 ])
@@ -222,3 +245,298 @@ def test_batches_per_epoch_are_the_ones_fairseq_makes(tmp_path, max_tokens):
     iterator = task.get_batch_iterator(task.dataset("train"), max_tokens=max_tokens, max_positions=(1024, 1024),
                                        required_batch_size_multiple=8, seed=1, epoch=1)
     assert train_plan.batches_per_epoch(*train_plan.dataset_sizes(data_bin, "en", "fr"), max_tokens) == len(iterator)
+
+
+# ------------------------------------------------------------------------------------------------
+# the world of several processes and nodes: the plan's count against fairseq's own inference
+def test_a_chosen_batch_states_its_exact_deviation():
+    assert train_plan.batch_for(None, 3)[2] == pytest.approx(1 / 32768)  # 3641 x 3 x 3 = 32769
+    assert train_plan.batch_for(None, 6)[2] == pytest.approx(4 / 32768)  # 2731 x 6 x 2 = 32772
+    assert train_plan.batch_for(None, 64) == (512, 1, 0.0)
+
+
+def test_a_world_too_large_for_the_longest_pair_overshoots_and_the_plan_says_so(tmp_path, run, monkeypatch):
+    # 64 GPUs want 512 tokens a batch; a pair of 600 tokens needs 600: 38400 tokens an update, +17.2%
+    assert train_plan.batch_for(None, 64, longest=600) == (600, 1, pytest.approx(600 * 64 / 32768 - 1))
+    data_bin = _data_bin(tmp_path / "long", [20] * 300 + [600], [20] * 301)
+    plan = ["plan", "--data-bin", data_bin, "--stage", "train", "100", "-", "--gpus", "64", "--save-interval-updates",
+            "10", "--average", "1"]
+    proc = run(*plan)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "train_plan.py: error: 38400 tokens per update is +17.2% from the papers' 32768 at 64 GPU(s) with "
+        "MAX_TOKENS=600, the longest training pair: train on fewer, or ALLOW_BATCH=1 to train with it (the lr and "
+        "the update count stay the papers')")
+    proc = run(*plan, "--allow-batch")  # (then refused for its checkpoints: every update ends an epoch here)
+    assert "| tokens per update: 600 x 64 GPU x update-freq 1 = 38400 padded tokens at most (+17.2% from" in proc.stdout
+    assert "| note: tokens per update +17.2% from the papers' (ALLOW_BATCH=1)" in proc.stdout
+
+
+SLURM_TASKS = {"SLURM_JOB_ID": "91", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_NNODES": "2"}
+
+
+@pytest.mark.parametrize("env, device, asked, visible, expected", [
+    # one node: every GPU torch sees, or NUM_GPUS of them; the CPU: one process
+    ({}, "auto", None, 8, ("node", 1, 8, ["--distributed-world-size", "8"])),
+    ({}, "auto", 4, 8, ("node", 1, 4, ["--distributed-world-size", "4"])),
+    ({}, "cpu", None, 0, ("node", 1, 1, [])),
+    # SLURM, a task a node: fairseq spawns a process per visible GPU on each node
+    ({**SLURM_TASKS, "SLURM_NTASKS": "2", "SLURM_NODEID": "1", "SLURM_PROCID": "1"}, "auto", None, 8,
+     ("slurm", 2, 8, ["--distributed-world-size", "16", "--distributed-port"])),
+    ({**SLURM_TASKS, "SLURM_NTASKS": "2"}, "auto", 16, 8, ("slurm", 2, 8, ["--distributed-world-size", "16"])),
+    # SLURM, a task per GPU or CPU process
+    ({**SLURM_TASKS, "SLURM_NTASKS_PER_NODE": "8", "SLURM_PROCID": "9", "SLURM_NODEID": "1"}, "auto", None, 8,
+     ("slurm", 2, 8, ["--distributed-world-size", "16", "--distributed-port"])),
+    ({**SLURM_TASKS, "SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLURM_NODEID": "1"}, "cpu", None, 0,
+     ("slurm", 2, 2, ["--distributed-world-size", "4", "--distributed-port"])),
+    ({**SLURM_TASKS, "SLURM_NNODES": "1", "SLURM_NTASKS": "1"}, "cpu", None, 0, ("slurm", 1, 1, [])),
+])
+def test_the_world_of_each_launcher(env, device, asked, visible, expected):
+    world = train_plan.find_world(env, device, asked, visible, scontrol=True)
+    launcher, nodes, per_node, flags = expected
+    assert (world.launcher, world.nodes, world.per_node) == (launcher, nodes, per_node)
+    assert world.flags[:len(flags)] == flags
+    assert world.first == (env.get("SLURM_PROCID", "0") == "0")
+    if launcher == "slurm":
+        assert world.launch_id == f"slurm-91.0.0"
+        if nodes * per_node > 1:  # the same port on every node, from the job and step
+            port = world.flags[world.flags.index("--distributed-port") + 1]
+            assert port == train_plan.find_world({**env, "SLURM_PROCID": "5"}, device, asked, visible,
+                                                 scontrol=True).flags[world.flags.index("--distributed-port") + 1]
+    if device == "cpu" and nodes * per_node > 1:
+        assert world.flags[-2:] == ["--distributed-backend", "gloo"]
+
+
+def test_torchrun_on_several_nodes_wraps_fairseq_train_and_counts_every_node():
+    world = train_plan.find_world({}, "auto", None, 8, nnodes=2, node_rank=1, master_addr="10.0.0.1",
+                                  master_port="29400", launch_id="job-7")
+    assert (world.size, world.first, world.launch_id) == (16, False, "job-7")
+    assert world.command == ["torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "8",
+                             "--master-addr", "10.0.0.1", "--master-port", "29400"]
+    assert world.flags == ["--distributed-world-size", "16"]
+    # NUM_GPUS is the whole run's: 8 on 2 nodes is 4 a node
+    assert train_plan.find_world({}, "auto", 8, 8, nnodes=2, master_addr="a", launch_id="x").per_node == 4
+    # on the CPU: NPROC_PER_NODE processes a node, gloo
+    world = train_plan.find_world({}, "cpu", None, 0, nnodes=2, nproc_per_node=3, master_addr="a", launch_id="x")
+    assert world.size == 6 and world.flags == ["--distributed-world-size", "6", "--distributed-backend", "gloo"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(env={}, device="auto", asked=16, visible=8),
+     "NUM_GPUS=16 is 16 GPUs a node but torch sees 8 here: for several nodes set NNODES, NODE_RANK and MASTER_ADDR "
+     "(torchrun) or start the recipe with srun"),
+    (dict(env={}, device="auto", asked=None, visible=8, nnodes=2, launch_id="x"),
+     "NNODES=2 needs MASTER_ADDR: the address of the node with NODE_RANK=0, the same on every node"),
+    (dict(env={}, device="auto", asked=None, visible=8, nnodes=2, master_addr="a"),
+     "NNODES=2 needs LAUNCH_ID: an id every node of this launch shares and no earlier launch used (the scheduler's "
+     "job id, say), so that the nodes act on the same decision"),
+    (dict(env={}, device="auto", asked=None, visible=8, nnodes=2, node_rank=2, master_addr="a", launch_id="x"),
+     "NODE_RANK=2 is not one of the 2 nodes (0 to 1)"),
+    (dict(env={}, device="auto", asked=12, visible=8, nnodes=8, master_addr="a", launch_id="x"),
+     "NUM_GPUS=12 (the GPUs of all nodes) does not divide into 8 nodes"),
+    # torchrun's variables in the recipe's own environment
+    (dict(env={"MASTER_ADDR": "a", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+               "LOCAL_WORLD_SIZE": "2"}, device="auto", asked=None, visible=2),
+     "WORLD_SIZE and RANK are set (is the recipe running under torchrun?): fairseq-train would take them for its "
+     "own; run the recipe once per node with NNODES, NODE_RANK and MASTER_ADDR (it starts torchrun itself), or "
+     "unset them"),
+    # issue 23 item 3: under SLURM fairseq takes every GPU it sees, whatever NUM_GPUS says
+    (dict(env={**SLURM_TASKS, "SLURM_NNODES": "1", "SLURM_NTASKS": "1"}, device="auto", asked=4, visible=8),
+     "NUM_GPUS=4, but under SLURM fairseq-train uses every GPU it sees on each node: 1 node(s) x 8 = 8; ask SLURM "
+     "for 4 GPUs a node, or set NUM_GPUS=auto"),
+    (dict(env={**SLURM_TASKS, "SLURM_NTASKS": "2"}, device="cpu", asked=None, visible=0),
+     "under SLURM with one task a node fairseq-train starts a process per GPU, and on the CPU there is none: start "
+     "a task per process (srun --ntasks-per-node=P)"),
+    (dict(env={**SLURM_TASKS, "SLURM_NTASKS_PER_NODE": "8"}, device="auto", asked=None, visible=1),
+     "SLURM starts 8 tasks a node and fairseq puts task SLURM_LOCALID on that GPU, but torch sees 1: give each task "
+     "the node's GPUs (--gpus-per-node, not --gpus-per-task)"),
+    (dict(env={**SLURM_TASKS, "SLURM_NTASKS_PER_NODE": "4"}, device="auto", asked=16, visible=4),
+     "NUM_GPUS=16, but SLURM starts 2 node(s) x 4 tasks = 8 processes, one per GPU: set NUM_GPUS=auto or change "
+     "srun's task count"),
+    (dict(env={**SLURM_TASKS, "SLURM_NTASKS": "3"}, device="auto", asked=None, visible=4),
+     "SLURM_NTASKS=3 tasks do not divide into SLURM_NNODES=2 nodes: give srun --ntasks-per-node"),
+])
+def test_worlds_that_cannot_work_are_refused_in_one_line(kwargs, message):
+    with pytest.raises(train_plan.PlanError) as e:
+        train_plan.find_world(**kwargs, scontrol=True)
+    assert str(e.value) == message
+
+
+def test_without_scontrol_fairseq_ignores_slurm_and_so_does_the_plan():
+    world = train_plan.find_world({**SLURM_TASKS, "SLURM_NTASKS": "2"}, "auto", None, 8, scontrol=False)
+    assert (world.launcher, world.size) == ("node", 8)
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """torch.cuda.device_count() as on a GPU node, for fairseq's inference of its world."""
+    def set_count(count):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    return set_count
+
+
+def _fairseq_infers(env, monkeypatch, world_size, port=-1):
+    """(world size, rank, device id) that fairseq's own infer_init_method takes from ``env``."""
+    from fairseq.dataclass.configs import FairseqConfig
+    from fairseq.distributed import utils as distributed_utils
+    from omegaconf import OmegaConf
+
+    for key in list(os.environ):
+        if key.startswith("SLURM_") or key in train_plan.TORCHRUN_ENV + ("LOCAL_RANK",):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg = OmegaConf.structured(FairseqConfig).distributed_training
+    cfg.distributed_world_size, cfg.distributed_port = world_size, port
+    original = getattr(distributed_utils.infer_init_method, "__wrapped__", distributed_utils.infer_init_method)
+    original(cfg)
+    return cfg.distributed_world_size, cfg.distributed_rank, cfg.device_id
+
+
+def test_torchruns_workers_get_the_world_the_plan_counted(fake_gpus, monkeypatch):
+    """What torchrun sets for each worker of the plan's command, read by fairseq (its GPU path:
+    torch faked to see 8 GPUs)."""
+    fake_gpus(8)
+    for node in (0, 1):
+        world = train_plan.find_world({}, "auto", None, 8, nnodes=2, node_rank=node, master_addr="10.0.0.1",
+                                      launch_id="x")
+        for local in range(world.per_node):
+            env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": str(world.size),
+                   "RANK": str(node * world.per_node + local), "LOCAL_RANK": str(local),
+                   "LOCAL_WORLD_SIZE": str(world.per_node), "GROUP_RANK": str(node)}
+            assert _fairseq_infers(env, monkeypatch, world.size) == (16, node * 8 + local, local)
+
+
+def test_slurm_with_a_task_a_node_gets_the_world_the_plan_counted(fake_gpus, monkeypatch, tmp_path):
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho gpu01\necho gpu02\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    fake_gpus(8)
+    env = {**SLURM_TASKS, "SLURM_NTASKS": "2", "SLURM_NODEID": "1", "SLURM_PROCID": "1"}
+    world = train_plan.find_world(env, "auto", None, 8)
+    port = int(world.flags[world.flags.index("--distributed-port") + 1])
+    assert _fairseq_infers(env, monkeypatch, world.size, port) == (16, 8, 0)  # node 1's first rank is 8
+    # what the plan refuses (NUM_GPUS=4 on two 8-GPU nodes): fairseq would run 16, not 4
+    assert _fairseq_infers(env, monkeypatch, 4, port)[0] == 16
+    with pytest.raises(train_plan.PlanError, match="NUM_GPUS=4, but under SLURM fairseq-train uses every GPU"):
+        train_plan.find_world(env, "auto", 4, 8)
+
+
+def test_the_plan_under_slurm_writes_the_world_and_who_writes(en_fr_like, tmp_path, run, monkeypatch):
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho n1\necho n2\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    for key, value in {**SLURM_TASKS, "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "1", "SLURM_PROCID": "3",
+                       "SLURM_LOCALID": "1"}.items():
+        monkeypatch.setenv(key, value)
+    env = tmp_path / "plan.env"
+    proc = run("plan", "--data-bin", en_fr_like, "--stage", "train", "100", "-", "--device", "cpu", "--precision=",
+               "--save-interval-updates", "3", "--average", "2", "--master-port", "29512", "--env-out", str(env))
+    assert proc.returncode == 0, proc.stderr
+    assert ("| world: 4 processes = 2 node(s) x 2 (SLURM, a task per process); this is node 1, which leaves the "
+            "shared files to the first process (FIRST_NODE=0)") in proc.stdout
+    assert "| tokens per update: 4096 x 4 CPU processes x update-freq 2 = 32768 padded tokens" in proc.stdout
+    values = dict(line.split("=", 1) for line in env.read_text().splitlines())
+    assert values["WORLD_SIZE"] == "4" and values["FIRST_NODE"] == "0" and values["LAUNCH_ID"] == "slurm-91.0.0"
+    assert values["TRAIN_DEVICE_FLAGS"] == ("'--cpu --distributed-world-size 4 --distributed-port 29512 "
+                                            "--distributed-backend gloo'")
+    assert values["TRAIN_LAUNCHER"] == "''" and values["MAX_TOKENS"] == "4096"
+
+
+# ------------------------------------------------------------------------------------------------
+# the budget of a multi-stage plan, and disk
+def test_a_two_stage_plan_states_its_budget_against_the_baseline_and_keeps_3_checkpoints_of_stage_1(en_fr_like, run):
+    """FLOATER on En-Fr (1/1000 scale: 38 updates an epoch, the baseline's 100k updates -> 100):
+    30 vanilla epochs and 1 FLOATER epoch are 1178 updates, 11.78x the baseline's (at ~32k tokens
+    an update, 30 En-Fr epochs are ~1.2M updates, 12x the baseline's 100k)."""
+    proc = run("plan", "--data-bin", en_fr_like, "--stage", "vanilla", "-", "30", "--stage", "floater", "-", "1",
+               "--baseline-updates", "100", "--max-tokens", "1000", "--update-freq", "1", "--device", "cpu",
+               "--precision=", "--save-interval-updates", "5", "--average", "5")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "| stage vanilla: ends at its update 1140 (30.00 epochs, --max-epoch)" in out
+    assert "| stage floater: ends at its update 38 (1.00 epochs, --max-epoch)" in out
+    assert ("| budget: 1178 updates in all (31.00 epochs); the baseline trains 100 (2.63 epochs): 11.78x its "
+            "updates") in out
+    each = train_plan.parameters("base", 100) * 12
+    assert f"| disk for checkpoints: about {train_plan.human_bytes((3 + 5 + 3) * each)}" in out
+
+
+def test_the_plan_refuses_checkpoints_that_do_not_fit_the_disk(en_fr_like, tmp_path, run, monkeypatch):
+    plan = ["plan", "--data-bin", en_fr_like, "--stage", "train", "100", "-", "--max-tokens", "1000", "--update-freq",
+            "1", "--device", "cpu", "--precision=", "--save-interval-updates", "15", "--average", "5",
+            "--out", str(tmp_path / "runs" / "x")]
+    need = 8 * train_plan.parameters("base", 100) * 12  # 5 kept + last + best + average: 4.24 GB
+    monkeypatch.setattr(train_plan, "disk_free", lambda path: 3 * 10**9)
+    proc = run(*plan)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"train_plan.py: error: the checkpoints need about {train_plan.human_bytes(need)}; 3.0 GB free on the "
+        f"filesystem of {tmp_path}/runs/x: free some, use another directory, or set ALLOW_LOW_DISK=1 to go on")
+    assert ": short (a run stops here unless ALLOW_LOW_DISK=1)" in run(*plan, "--allow-low-disk").stdout
+    # checkpoints already there (a run resumed) are replaced, not added
+    os.makedirs(tmp_path / "runs" / "x")
+    with open(tmp_path / "runs" / "x" / "checkpoint_last.pt", "wb") as f:
+        f.truncate(2 * 10**9)
+    proc = run(*plan)
+    assert proc.returncode == 0, proc.stderr
+    assert f"(2.0 GB already in {tmp_path}/runs/x); 3.0 GB free" in proc.stdout
+
+
+def test_preparing_a_corpus_is_refused_when_its_estimate_does_not_fit(tmp_path, run, monkeypatch):
+    archive = tmp_path / "a.tgz"
+    with open(archive, "wb") as f:
+        f.truncate(10**9)
+    monkeypatch.setattr(train_plan, "disk_free", lambda path: 5 * 10**9)
+    # 1 GB of En-De archives: ~0.8 GB of text, 9.2x that prepared
+    with pytest.raises(train_plan.PlanError) as e:
+        train_plan.prepare_space(str(tmp_path / "data"), "wmt14_en_de", [str(archive)])
+    assert str(e.value) == (
+        "the prepared corpus (an estimate: 9.2x the text, itself ~0.8x the 1.0 GB of archives) needs about 7.4 GB; "
+        f"5.0 GB free on the filesystem of {tmp_path}/data: free some, use another directory, or set "
+        "ALLOW_LOW_DISK=1 to go on")
+    assert train_plan.prepare_space(str(tmp_path / "data"), "wmt14_en_de", [str(archive)], allow=True).endswith(
+        ": short (a run stops here unless ALLOW_LOW_DISK=1)")
+    monkeypatch.setattr(train_plan, "disk_free", lambda path: 10 * 10**9)
+    raw = tmp_path / "data" / "raw"
+    raw.mkdir(parents=True)
+    with open(raw / "train.en", "wb") as f:
+        f.truncate(2 * 10**9)
+    proc = run("prepare-space", "--work", str(tmp_path / "data"), "--raw-text", str(raw))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"train_plan.py: error: the prepared corpus (9.2x the 2.0 GB of extracted text) needs about 18.4 GB (2.0 GB "
+        f"already in {tmp_path}/data); 10.0 GB free on the filesystem of {tmp_path}/data: free some, use another "
+        "directory, or set ALLOW_LOW_DISK=1 to go on")
+
+
+def test_prepare_checks_the_space_and_keep_intermediates_0_removes_what_no_recipe_reads(tmp_path):
+    """prepare.sh states the space its corpus needs before extracting (from the archives) and
+    after (from the text); KEEP_INTERMEDIATES=0 keeps what train.sh, evaluate.sh and the
+    extrapolation recipe read, and a re-run with other settings redoes everything from the archives."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_recipes import run, write_archives
+
+    write_archives("wmt14_en_de", str(tmp_path / "raw"), "en", "de", train_pairs=90)
+    args = ["--raw-dir", str(tmp_path / "raw"), "--out", str(tmp_path / "data"), "--valid", "newstest2013"]
+    env = {"BPE_SIZE": "40", "WORKERS": "1", "VERIFY_CHECKSUMS": "0", "KEEP_INTERMEDIATES": "0"}
+    proc = run("wmt14_en_de/prepare.sh", args, env)
+    assert proc.returncode == 0, proc.stderr
+    assert "| disk: the prepared corpus (an estimate: 9.2x the text, itself ~0.8x the " in proc.stdout
+    assert "| disk: the prepared corpus (9.2x the " in proc.stdout and " of extracted text) needs about " in proc.stdout
+    assert "== KEEP_INTERMEDIATES=0: removed raw/, tok/, split/ and bpe/'s segmented copies" in proc.stdout
+    data = tmp_path / "data"
+    kept = {f for f in os.listdir(data) if not f.startswith(".")}
+    assert kept == {"bpe", "corpus.env", "data-bin", "intermediates.removed", "preprocess.log"} | {
+        f"{name}.{lang}" for name in ("train", "train.tok", "valid", "test", "test.raw") for lang in ("en", "de")}
+    assert sorted(os.listdir(data / "bpe")) == ["code", "vocab.de", "vocab.en"]
+    again = run("wmt14_en_de/prepare.sh", args, env)
+    assert again.returncode == 0 and again.stdout.count("done before, skipping") == 7
+    assert "| disk:" not in again.stdout and "removed raw/" not in again.stdout
+    other = run("wmt14_en_de/prepare.sh", args, {**env, "BPE_SIZE": "30"})
+    assert other.returncode == 0, other.stderr
+    assert ("== the intermediate files were removed (valid=newstest2013 bpe=subword-nmt size=40): redoing every step "
+            "from the archives") in other.stdout and "done before" not in other.stdout
+    assert "BPE_SIZE=30" in (data / "corpus.env").read_text()
+    assert (data / "intermediates.removed").read_text() == "valid=newstest2013 bpe=subword-nmt size=30\n"

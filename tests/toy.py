@@ -1,4 +1,6 @@
 """Small in-memory models and batches for the tests: no data on disk, no downloads."""
+import os
+
 import torch
 from fairseq.data import Dictionary
 
@@ -77,3 +79,18 @@ def incremental_log_probs(model, src, lengths, prev):
 
 def full_log_probs(model, src, lengths, prev):
     return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+
+
+def model_that_saved(checkpoint, data_bin):
+    """(the model of a fairseq-train checkpoint, in eval mode, and its dictionary)."""
+    from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
+
+    state = torch.load(checkpoint, map_location="cpu")
+    dictionary = Dictionary.load(os.path.join(data_bin, "dict.src.txt"))
+
+    class Task:
+        source_dictionary = target_dictionary = dictionary
+
+    model = PosencTransformerModel.build_model(state["cfg"]["model"], Task())
+    model.load_state_dict(state["model"], strict=True)
+    return model.eval(), dictionary

@@ -43,6 +43,12 @@ BEAM="${BEAM:-4}"
 LENPEN="${LENPEN:-0.6}"
 WORKERS="${WORKERS:-$(nproc)}"
 ROOT_OUT="${OUT:-runs/extrapolation/$RECIPE}"
+# one node: this recipe splits, binarizes, trains, decodes and reports in one process tree, and
+# every step writes files the others read; train a model on several nodes with train.sh instead
+if [ "${NNODES:-1}" != 1 ] || { [ -n "${SLURM_JOB_NODELIST:-}" ] && [ "${SLURM_NTASKS:-1}" != 1 ]; }; then
+  die "the extrapolation recipe runs on one node (NNODES=${NNODES:-1}, SLURM_NTASKS=${SLURM_NTASKS:-1}): start it once," \
+    "without srun or NNODES; its models use every GPU of that node"
+fi
 WORK="$ROOT_OUT"            # step markers
 BPE_DIR="$DATA/bpe"         # the corpus's own BPE, for UNIT=words
 SPLIT="$ROOT_OUT/split"
@@ -115,11 +121,14 @@ echo "== short-to-long on $DATA ($SRC-$TGT): train below $TRAIN_BELOW $UNIT, bin
 # declared inputs: the text the lengths are counted in and the validation set, by content (another
 # corpus, or this one prepared again with another BPE, redoes the split and all after it)
 split_inputs="text_src=$COUNTED.$SRC text_tgt=$COUNTED.$TGT valid_src=$DATA/valid.$SRC valid_tgt=$DATA/valid.$TGT"
-[ "$UNIT" = words ] && split_inputs+=" bpe=$DATA/bpe"
+# the BPE model only: KEEP_INTERMEDIATES=0 removes bpe/'s segmented copies, which nothing here reads
+[ "$UNIT" = words ] && split_inputs+=" bpe=$BPE_DIR/$([ "$BPE" = sentencepiece ] && echo spm.model || echo code)"
 STEP_SETTINGS="unit=$UNIT train_below=$TRAIN_BELOW bins=${BINS// /,}" STEP_INPUTS="$split_inputs" \
   step split "[split] length_split.py -> $SPLIT" _split
 STEP_INPUTS="dictionary=$DATA/data-bin/dict.$SRC.txt" step preprocess "[preprocess] fairseq-preprocess with the corpus's dictionary -> $ROOT_OUT/data-bin" _preprocess
 generations=() logs=()
+# a dry run adds up what every model's plan needs (recipes/common.sh: plan_training appends its line)
+if [ "$DRY_RUN" = 1 ]; then export PLAN_TOTALS="$ROOT_OUT/.plan_totals"; rm -f "$PLAN_TOTALS"; fi
 for ENC in $ENCODINGS; do
   files=""
   for SEED in $SEEDS; do
@@ -145,7 +154,12 @@ for ENC in $ENCODINGS; do
   done
   generations+=("$ENC=$files")
 done
-if [ "$DRY_RUN" = 1 ]; then echo "== --dry-run: nothing trained, no report"; exit 0; fi
+if [ "$DRY_RUN" = 1 ]; then
+  "$PYTHON" "$SCRIPTS/train_plan.py" totals --plans "$PLAN_TOTALS" --out "$ROOT_OUT" \
+    $([ "${ALLOW_LOW_DISK:-0}" = 1 ] && echo --allow-low-disk) | sed 's/^/   /' || exit 2
+  rm -f "$PLAN_TOTALS"
+  echo "== --dry-run: nothing trained, no report"; exit 0
+fi
 echo "== [report] SacreBLEU, chrF, length ratio per bin of source length ($UNIT) -> $ROOT_OUT/bleu_by_length.{md,json,png}"
 # shellcheck disable=SC2086
 "$PYTHON" "$SCRIPTS/bleu_by_length.py" --generation "${generations[@]}" --seeds $SEEDS ${BASELINE:+--baseline "$BASELINE"} \
