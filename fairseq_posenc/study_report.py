@@ -212,13 +212,21 @@ def _mean_std(values: Sequence[float]):
 
 
 def build_report(runs: Dict[str, List], edges: Sequence[int], unit: str, baseline: Optional[str] = None,
-                 n_samples: int = N_BOOTSTRAP, seeds: Optional[Sequence] = None, footer: str = "") -> Dict:
+                 n_samples: int = N_BOOTSTRAP, seeds: Optional[Sequence] = None, footer: str = "",
+                 controls: Optional[Dict[str, str]] = None) -> Dict:
     """The report as a JSON-able dict (see the module docstring). ``baseline`` defaults to
-    sinusoidal when it is among the models, else to the first model."""
+    sinusoidal when it is among the models, else to the first model. ``controls`` maps a model
+    to its control (FLOATER to the vanilla model trained on with FLOATER's schedule): each row
+    of that model gets ``vs_control``, its difference from the control, as ``vs_baseline``."""
     if baseline is None:
         baseline = "sinusoidal" if "sinusoidal" in runs else next(iter(runs))
     if baseline not in runs:
         raise ValueError(f"baseline {baseline!r} is not among the models: {', '.join(runs)}")
+    controls = dict(controls or {})
+    for model, control in controls.items():
+        if model not in runs or control not in runs or model == control:
+            raise ValueError(f"control {model}={control}: both must be among the models ({', '.join(runs)}), "
+                             "and differ")
     ids = _aligned(runs)
     first = runs[baseline][0]
     lengths = [len(s.split()) for s in first.sources]
@@ -254,17 +262,29 @@ def build_report(runs: Dict[str, List], edges: Sequence[int], unit: str, baselin
                 row[key], row[key + "_std"] = _mean_std([s[key] for s in per_seed])
             rows.append(row)
         report["models"][model] = rows
+    def compare(row, other_row, other):
+        base, system = seed_stats[other, row["bin"]], seed_stats[row["model"], row["bin"]]
+        test = paired_bootstrap(sum(base), sum(system), bleu, n_samples)
+        several = min(len(base), len(system)) > 1
+        return test, with_seed_variance(
+            test, [s["bleu"] for s in row["seeds"]], [s["bleu"] for s in other_row["seeds"]],
+            seed_mean_bootstrap_sd(base, system, bleu, n_samples) if several else None)
+
     for model, rows in report["models"].items():
         for row, base_row in zip(rows, report["models"][baseline]):
-            base, system = seed_stats[baseline, row["bin"]], seed_stats[model, row["bin"]]
-            test = paired_bootstrap(sum(base), sum(system), bleu, n_samples)
+            row["model"] = model
+            test, versus = compare(row, base_row, baseline)
             row["pooled_bleu"] = test["score"]
             row["pooled_bleu_interval"] = [test["score_low"], test["score_high"]]
             if model != baseline:
-                several = min(len(base), len(system)) > 1
-                row["vs_baseline"] = with_seed_variance(
-                    test, [s["bleu"] for s in row["seeds"]], [s["bleu"] for s in base_row["seeds"]],
-                    seed_mean_bootstrap_sd(base, system, bleu, n_samples) if several else None)
+                row["vs_baseline"] = versus
+    for model, control in controls.items():
+        for row, control_row in zip(report["models"][model], report["models"][control]):
+            row["vs_control"] = dict(compare(row, control_row, control)[1], control=control)
+    report["controls"] = controls
+    for rows in report["models"].values():
+        for row in rows:
+            del row["model"]
     tests = _comparisons(report)
     report["significance"] = {"intervals": sorted({t["interval"] for t in tests}),
                               "seed_variance_included": all(t["seed_variance_included"] for t in tests)}
@@ -301,6 +321,20 @@ def markdown(report: Dict) -> str:
     spread = f"mean ± std over {n_seeds} seeds" if n_seeds > 1 else "one seed"
     lines += ["", f"SacreBLEU per bin of source length in {unit} ({spread}; n = sentences). In brackets: the "
                   f"difference from {baseline} and " + significance_legend(report) + f" {report['signature']}", ""]
+    if report.get("controls"):
+        def control_cell(row):
+            test = row["vs_control"]
+            mark = ("*" + ("" if test["seed_variance_included"] else "†")) if test["significant"] else ""
+            return f"{test['difference']:+.1f} [{test['low']:+.1f}, {test['high']:+.1f}]{mark}"
+
+        lines += ["| " + " | ".join(["encoding - its control"] + [b["bin"] for b in report["bins"]]) + " |",
+                  "|" + "---|" * (len(report["bins"]) + 1)]
+        for model, control in report["controls"].items():
+            lines.append("| " + " | ".join([f"{model} - {control}"] + [cell(report["models"][model], b["bin"],
+                                                                            control_cell) for b in report["bins"]]) + " |")
+        lines += ["", "BLEU difference from the control trained with the same schedule from the same start (the "
+                      "extra updates without the encoding): what the encoding itself does; its difference from the "
+                      "baseline above also holds what the extra training does. Intervals and * as above.", ""]
     lines += ["| " + " | ".join(["encoding"] + [b["bin"] for b in report["bins"]]) + " |",
               "|" + "---|" * (len(report["bins"]) + 1)]
     for model, rows in report["models"].items():
@@ -314,7 +348,8 @@ def markdown(report: Dict) -> str:
 
 
 def _comparisons(report: Dict) -> List[Dict]:
-    return [row["vs_baseline"] for rows in report["models"].values() for row in rows if "vs_baseline" in row]
+    return [row[key] for rows in report["models"].values() for row in rows
+            for key in ("vs_baseline", "vs_control") if key in row]
 
 
 def significance_legend(report: Dict) -> str:

@@ -314,7 +314,10 @@ set_training_defaults() {
 }
 
 # where the checkpoints to average are: FLOATER's protocol writes OUT/vanilla then OUT/floater
-checkpoint_dir() { if [ "$ENC" = floater ]; then echo "$OUT/floater"; else echo "$OUT"; fi; }
+# (CKPT_DIR names another: FLOATER's control, OUT/vanilla_continued)
+checkpoint_dir() {
+  if [ -n "${CKPT_DIR:-}" ]; then echo "$CKPT_DIR"; elif [ "$ENC" = floater ]; then echo "$OUT/floater"; else echo "$OUT"; fi
+}
 
 # plan_training DATA_BIN: scripts/train_plan.py prints the plan (devices, the world of every node,
 # tokens per update, updates per epoch, checkpoints, averaging, disk) and sets UPDATE_FREQ,
@@ -329,6 +332,7 @@ plan_training() {
   [ "$ENC" = floater ] && stages=(--stage vanilla "${MAX_UPDATE:--}" "${MAX_EPOCH:--}"
                                   --stage floater "${FLOATER_MAX_UPDATE:--}" "${FLOATER_EPOCHS:--}"
                                   --baseline-updates "${BASELINE_UPDATES:-${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}}")
+  [ "$ENC" = floater ] && [ "${VANILLA_CONTINUED:-0}" = 1 ] && stages+=(--control-stage vanilla_continued)
   echo "== plan for $ENC-$ARCH on $data_bin"
   "$PYTHON" "$SCRIPTS/train_plan.py" plan --data-bin "$data_bin" --arch "$ARCH" --model-flags "$MODEL_FLAGS" \
     "${stages[@]}" --average "$AVERAGE" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --max-tokens "$MAX_TOKENS" \
@@ -431,6 +435,7 @@ train_model() {
       AVERAGE="$AVERAGE" MAX_UPDATE="$MAX_UPDATE" MAX_EPOCH="$MAX_EPOCH" WARMUP="$WARMUP" DROPOUT="$DROPOUT" \
       SAVE_INTERVAL_UPDATES="$SAVE_INTERVAL_UPDATES" DEVICE="$DEVICE" NUM_GPUS="$NUM_GPUS" DEVICE_FLAGS="$DEVICE_FLAGS" \
       FLOATER_EPOCHS="$FLOATER_EPOCHS" FLOATER_MAX_UPDATE="$FLOATER_MAX_UPDATE" MODEL_FLAGS="$MODEL_FLAGS" \
+      VANILLA_CONTINUED="${VANILLA_CONTINUED:-0}" \
       EXTRA_FLAGS="$EXTRA_FLAGS" DRY_RUN="${DRY_RUN:-0}" bash "$ROOT/recipes/floater/train.sh"
     return
   fi
@@ -541,4 +546,14 @@ evaluate_model() {
   "$PYTHON" "$SCRIPTS/score_translation.py" score --generation "$gen" --lang "$TGT" --ref "$DATA/test.raw.$TGT" \
     --label "$RECIPE $SRC-$TGT enc=$ENC arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM avg=$AVERAGE$UNFINISHED" \
     --results "$RESULTS" --json "$OUT/bleu.$TEST_NAME.json"
+  # FLOATER's control (VANILLA_CONTINUED=1 at training), scored beside it: FLOATER's difference
+  # from it is what FLOATER does, its difference from the baseline also holds the extra updates
+  if [ "$ENC" = floater ] && [ -f "$OUT/vanilla_continued/checkpoint_last.pt" ]; then
+    local control="$OUT/vanilla_continued"
+    CKPT_DIR="$control" average_and_generate "$DATA/data-bin" test "$control/generate.$TEST_NAME.txt" "$(remove_bpe_flag)"
+    echo "== BLEU of FLOATER's control (the vanilla model trained on with FLOATER's schedule) -> $RESULTS"
+    "$PYTHON" "$SCRIPTS/score_translation.py" score --generation "$control/generate.$TEST_NAME.txt" --lang "$TGT" \
+      --ref "$DATA/test.raw.$TGT" --results "$RESULTS" --json "$control/bleu.$TEST_NAME.json" \
+      --label "$RECIPE $SRC-$TGT enc=vanilla_continued(control of floater) arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM avg=$AVERAGE$UNFINISHED"
+  fi
 }

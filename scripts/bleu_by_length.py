@@ -44,6 +44,9 @@ def main(argv=None):
                              "comma-separated")
     parser.add_argument("--baseline", help="model the others are compared with (default: sinusoidal if given, "
                                            "else the first)")
+    parser.add_argument("--control", nargs="+", default=[], metavar="MODEL=CONTROL",
+                        help="also compare MODEL with CONTROL, the model trained with MODEL's schedule from the same "
+                             "start without what MODEL adds (FLOATER and its vanilla-continued control)")
     parser.add_argument("--out", required=True, help="output prefix: writes PREFIX.md, PREFIX.json, PREFIX.png")
     parser.add_argument("--bins", type=int, nargs="+", default=list(DEFAULT_EDGES),
                         help="left edges of the bins; the last is open-ended")
@@ -64,6 +67,12 @@ def main(argv=None):
     def fail(message):
         parser.exit(2, f"bleu_by_length.py: error: {message}\n")
 
+    controls = {}
+    for item in args.control:
+        model, sep, control = item.partition("=")
+        if not sep or not model or not control:
+            parser.error(f"--control takes MODEL=CONTROL, got {item!r}")
+        controls[model] = control
     runs, texts = {}, []
     for item in args.generation:
         name, sep, paths = item.partition("=")
@@ -95,7 +104,8 @@ def main(argv=None):
         sources = read_lines(args.decoded_source) if args.decoded_source else runs[next(iter(runs))][0].sources
         footer = decoding_footer(texts, sources)
         report = study_report.build_report(runs, args.bins, args.unit, args.baseline, args.bootstrap_samples,
-                                           seeds=args.seeds or list(range(1, n_seeds + 1)), footer=footer)
+                                           seeds=args.seeds or list(range(1, n_seeds + 1)), footer=footer,
+                                           controls=controls)
     except (OSError, ValueError) as e:
         fail(e)
     paths = study_report.write_report(report, args.out, args.title)

@@ -564,6 +564,12 @@ def make_plan(args) -> Dict[str, str]:
             print(f"| note: updates {averaged[-1] + 1}-{end} come after the last interval checkpoint and are not "
                   f"in the average (make the interval divide {end})")
         disk += (args.average + 3) * checkpoint  # + checkpoint_last, checkpoint_best, the average
+    if args.control_stage:
+        # the last stage's schedule again from the same start, without what the last stage adds
+        print(f"| control stage {args.control_stage}: stage {stages[-1].name}'s schedule from the same start, "
+              f"without it: {end} more updates ({end / per_epoch:.2f} epochs), the last {args.average} averaged")
+        total += end
+        disk += (args.average + 3) * checkpoint
     if len(stages) > 1 or args.baseline_updates:
         line = f"| budget: {total} updates in all ({total / per_epoch:.2f} epochs)"
         if args.baseline_updates:
@@ -641,6 +647,9 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--max-tokens", default="auto",
                    help="tokens per batch per GPU (auto: at most 4096, chosen with --update-freq so that an update "
                         "holds ~32768 tokens on any GPU count)")
+    p.add_argument("--control-stage", default="",
+                   help="NAME of a control trained like the last stage from the same start (FLOATER's vanilla "
+                        "continued): its updates and checkpoints are counted too")
     p.add_argument("--baseline-updates", type=int, default=0,
                    help="the updates of the baseline this plan is compared with (FLOATER: the sinusoidal model's)")
     p.add_argument("--allow-batch", action="store_true",

@@ -290,11 +290,28 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     assert re.search(r"^\| floater \| \d+\.\d \(", report, re.M)
     assert "source length in words" in report
     results = json.loads((out / "bleu_by_length.json").read_text())
-    assert set(results["models"]) == {"sinusoidal", "floater"} and results["unit"] == "words"
+    assert set(results["models"]) == {"sinusoidal", "floater", "vanilla_continued"} and results["unit"] == "words"
     assert sum(b["sentences"] for b in results["bins"]) == long_pairs
     png = (out / "bleu_by_length.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "floater" / "floater" / "averaged_last2.pt").exists()
+    # FLOATER's control (VANILLA_CONTINUED=1 by default here): the vanilla model trained on from the
+    # same checkpoint with stage 2's schedule, without FLOATER, decoded and reported against it
+    assert "== 2/3 control: the vanilla model trained on from" in stdout
+    control = torch.load(out / "floater" / "vanilla_continued" / "checkpoint_last.pt", map_location="cpu",
+                         weights_only=False)
+    stage2 = torch.load(out / "floater" / "floater" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert control["cfg"]["model"].position_encoding == "sinusoidal"
+    assert control["cfg"]["optimization"]["lr"] == stage2["cfg"]["optimization"]["lr"] == [5e-3 / 2]
+    assert (control["optimizer_history"][-1]["num_updates"] == stage2["optimizer_history"][-1]["num_updates"]
+            == int(re.search(r"\| stage floater: ends at its update (\d+) ", stdout).group(1)))
+    control_log = (out / "floater" / "vanilla_continued" / "train.log").read_text()
+    assert f"loading pretrained model from {out}/floater/vanilla/checkpoint_best.pt" in control_log
+    assert (out / "floater" / "vanilla_continued" / "averaged_last2.pt").exists()
+    assert re.search(r"^\| vanilla_continued \| \d+\.\d \(", report, re.M)
+    assert re.search(r"^\| floater - vanilla_continued \| [+-]\d+\.\d \[", report, re.M)
+    assert results["controls"] == {"floater": "vanilla_continued"}
+    assert all("vs_control" in row for row in results["models"]["floater"])
     # a re-run with the same settings trains and decodes nothing again
     stdout = ok(run("extrapolation/run.sh", env=env))
     assert stdout.count("done before, skipping") == 4 and "fairseq-train" not in stdout
@@ -557,7 +574,11 @@ def test_extrapolation_dry_run_plans_each_model_with_its_own_defaults_and_a_new_
     # the dry run adds up every model's stages (FLOATER's two among them) and checks the disk once
     ends = [int(n) for n in re.findall(r"\| stage \S+: ends at its update (\d+) ", stdout)]
     assert len(ends) == 4 and ends[0] == ends[3] == 400
-    assert f"| total for 3 model(s): {sum(ends)} updates, about " in stdout
+    # and FLOATER's control (VANILLA_CONTINUED=1 by default here): its stage 2 once more
+    control = int(re.search(r"\| control stage vanilla_continued: stage floater's schedule from the same start, "
+                            r"without it: (\d+) more updates", stdout).group(1))
+    assert control == ends[2]
+    assert f"| total for 3 model(s): {sum(ends) + control} updates, about " in stdout
     assert re.search(r"\| disk: they need about [\d.]+ [KMGT]?B; [\d.]+ [KMGT]?B free on the filesystem of ", stdout)
     assert not (out / ".plan_totals").exists()
     assert stdout.count("== --dry-run: nothing trained") >= 3 and "== --dry-run: nothing trained, no report" in stdout

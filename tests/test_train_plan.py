@@ -463,6 +463,20 @@ def test_a_two_stage_plan_states_its_budget_against_the_baseline_and_keeps_3_che
     assert f"| disk for checkpoints: about {train_plan.human_bytes((3 + 5 + 3) * each)}" in out
 
 
+def test_floaters_control_stage_is_counted_in_the_budget_and_the_disk(en_fr_like, run):
+    """VANILLA_CONTINUED=1: the vanilla model trained on with FLOATER's stage-2 schedule costs as
+    much as that stage (38 more updates at this scale) and keeps as many checkpoints."""
+    proc = run("plan", "--data-bin", en_fr_like, "--stage", "vanilla", "-", "30", "--stage", "floater", "-", "1",
+               "--control-stage", "vanilla_continued", "--baseline-updates", "100", "--max-tokens", "1000",
+               "--update-freq", "1", "--device", "cpu", "--precision=", "--save-interval-updates", "5", "--average", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert ("| control stage vanilla_continued: stage floater's schedule from the same start, without it: 38 more "
+            "updates (1.00 epochs), the last 5 averaged") in proc.stdout
+    assert "| budget: 1216 updates in all (32.00 epochs); the baseline trains 100 (2.63 epochs): 12.16x" in proc.stdout
+    each = train_plan.parameters("base", 100) * 12
+    assert f"| disk for checkpoints: about {train_plan.human_bytes((3 + 5 + 3 + 5 + 3) * each)}" in proc.stdout
+
+
 def test_the_plan_refuses_checkpoints_that_do_not_fit_the_disk(en_fr_like, tmp_path, run, monkeypatch):
     plan = ["plan", "--data-bin", en_fr_like, "--stage", "train", "100", "-", "--max-tokens", "1000", "--update-freq",
             "1", "--device", "cpu", "--precision=", "--save-interval-updates", "15", "--average", "5",

@@ -18,6 +18,10 @@
 #                each model is under OUT/ENC/seedN
 #   BASELINE     the encoding the others are compared with (default: sinusoidal if listed, else the first)
 #   OUT          runs/extrapolation/<recipe> ; writes OUT/bleu_by_length.{md,json,png}
+#   VANILLA_CONTINUED  1 (default): with floater, also train and decode its control, the vanilla
+#                model trained on with FLOATER's stage-2 schedule (recipes/floater/train.sh), and
+#                report FLOATER against it: FLOATER's gain over sinusoidal holds the extra updates
+#                of its second stage, its difference from the control does not. 0 skips it
 #   ARCH, LR, MAX_TOKENS, MAX_UPDATE, ... as recipes/wmt14_en_de/train.sh; BEAM (4), LENPEN (0.6)
 #
 # A re-run skips the encodings already trained and decoded (markers in OUT/.done/ record each
@@ -41,6 +45,7 @@ TRAIN_BELOW="${TRAIN_BELOW:-80}"
 BINS="${BINS:-80 100 120 140}"
 BEAM="${BEAM:-4}"
 LENPEN="${LENPEN:-0.6}"
+export VANILLA_CONTINUED="${VANILLA_CONTINUED:-1}"
 WORKERS="${WORKERS:-$(nproc)}"
 ROOT_OUT="${OUT:-runs/extrapolation/$RECIPE}"
 # one node: this recipe splits, binarizes, trains, decodes and reports in one process tree, and
@@ -103,6 +108,22 @@ _train_and_decode() {
   fi
   "$PYTHON" "$SCRIPTS/score_translation.py" detok-generation --generation "$OUT/generate.long.txt" \
     --lang "$TGT" --bpe "$segmentation" --out "$OUT/generate.long.detok.txt"
+  if [ "$ENC" = floater ] && [ "$VANILLA_CONTINUED" = 1 ]; then
+    _decode_control
+  fi
+}
+
+# FLOATER's control, OUT/vanilla_continued: decoded as FLOATER is
+_decode_control() {
+  local control="$OUT/vanilla_continued"
+  if [ "$UNIT" = words ]; then
+    CKPT_DIR="$control" average_and_generate "$ROOT_OUT/data-bin" test "$control/generate.long.txt" "${LIMIT[@]}" "$(remove_bpe_flag)"
+  else
+    CKPT_DIR="$control" average_and_generate "$ROOT_OUT/data-bin" test "$control/generate.long.txt" "${LIMIT[@]}"
+  fi
+  [ "${DRY_RUN:-0}" = 1 ] && return 0
+  "$PYTHON" "$SCRIPTS/score_translation.py" detok-generation --generation "$control/generate.long.txt" \
+    --lang "$TGT" --bpe "$segmentation" --out "$control/generate.long.detok.txt"
 }
 
 # what a model's outputs depend on, for its step marker (flags hashed: a value has no spaces)
@@ -111,7 +132,8 @@ _model_settings() {
   local run; run="$(run_settings "$ROOT_OUT/data-bin" | md5sum | cut -c1-12)"
   echo "arch=$ARCH lr=$LR run=$run max_update=${MAX_UPDATE:--} max_epoch=${MAX_EPOCH:--} average=$AVERAGE" \
     "save_interval=$SAVE_INTERVAL_UPDATES update_freq=$UPDATE_FREQ floater_epochs=$FLOATER_EPOCHS" \
-    "floater_max_update=${FLOATER_MAX_UPDATE:--} beam=$BEAM lenpen=$LENPEN"
+    "floater_max_update=${FLOATER_MAX_UPDATE:--} beam=$BEAM lenpen=$LENPEN" \
+    "$([ "$ENC" = floater ] && echo "vanilla_continued=$VANILLA_CONTINUED")"
 }
 
 mkdir -p "$ROOT_OUT"
@@ -126,11 +148,11 @@ split_inputs="text_src=$COUNTED.$SRC text_tgt=$COUNTED.$TGT valid_src=$DATA/vali
 STEP_SETTINGS="unit=$UNIT train_below=$TRAIN_BELOW bins=${BINS// /,}" STEP_INPUTS="$split_inputs" \
   step split "[split] length_split.py -> $SPLIT" _split
 STEP_INPUTS="dictionary=$DATA/data-bin/dict.$SRC.txt" step preprocess "[preprocess] fairseq-preprocess with the corpus's dictionary -> $ROOT_OUT/data-bin" _preprocess
-generations=() logs=()
+generations=() logs=() controls=()
 # a dry run adds up what every model's plan needs (recipes/common.sh: plan_training appends its line)
 if [ "$DRY_RUN" = 1 ]; then export PLAN_TOTALS="$ROOT_OUT/.plan_totals"; rm -f "$PLAN_TOTALS"; fi
 for ENC in $ENCODINGS; do
-  files=""
+  files="" control_files=""
   for SEED in $SEEDS; do
     if [ "$N_SEEDS" = 1 ]; then model_out="$ROOT_OUT/$ENC" name="model_$ENC"     # one seed: the layout of old runs
     else model_out="$ROOT_OUT/$ENC/seed$SEED" name="model_${ENC}_seed$SEED"; fi
@@ -143,6 +165,7 @@ for ENC in $ENCODINGS; do
       if [ "$DRY_RUN" = 1 ]; then
         train_model "$ROOT_OUT/data-bin"
         average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt" "${LIMIT[@]}"
+        if [ "$ENC" = floater ] && [ "$VANILLA_CONTINUED" = 1 ]; then _decode_control; fi
         exit 0
       fi
       # shellcheck disable=SC2046
@@ -151,8 +174,15 @@ for ENC in $ENCODINGS; do
     )
     files="${files:+$files,}$model_out/generate.long.detok.txt"
     logs+=("$model_out/generate.long.txt.log")  # fairseq-generate's stderr: its config line has the limit
+    if [ "$ENC" = floater ] && [ "$VANILLA_CONTINUED" = 1 ]; then
+      control_files="${control_files:+$control_files,}$model_out/vanilla_continued/generate.long.detok.txt"
+      logs+=("$model_out/vanilla_continued/generate.long.txt.log")
+    fi
   done
   generations+=("$ENC=$files")
+  if [ "$ENC" = floater ] && [ "$VANILLA_CONTINUED" = 1 ]; then
+    generations+=("vanilla_continued=$control_files") controls+=(floater=vanilla_continued)
+  fi
 done
 if [ "$DRY_RUN" = 1 ]; then
   "$PYTHON" "$SCRIPTS/train_plan.py" totals --plans "$PLAN_TOTALS" --out "$ROOT_OUT" \
@@ -164,4 +194,5 @@ echo "== [report] SacreBLEU, chrF, length ratio per bin of source length ($UNIT)
 # shellcheck disable=SC2086
 "$PYTHON" "$SCRIPTS/bleu_by_length.py" --generation "${generations[@]}" --seeds $SEEDS ${BASELINE:+--baseline "$BASELINE"} \
   --bins $BINS --unit "$UNIT" --decoding-log "${logs[@]}" --decoded-source "$SEGMENTED/long.$SRC" \
+  ${controls[@]:+--control "${controls[@]}"} \
   --out "$ROOT_OUT/bleu_by_length" --title "$RECIPE $SRC-$TGT: trained on sources < $TRAIN_BELOW $UNIT"

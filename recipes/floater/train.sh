@@ -6,6 +6,12 @@
 #      0: at first exactly the vanilla model) and train FLOATER_EPOCHS more epochs (10 for
 #      En-De, 1 for En-Fr) at half the peak learning rate,
 #   3. average the last AVERAGE (5, as the paper) interval checkpoints of stage 2.
+#   With VANILLA_CONTINUED=1 also the control: the vanilla model trained on from the same
+#   checkpoint with stage 2's schedule (lr, warmup, epochs, a fresh optimizer: fairseq's
+#   --finetune-from-model) without FLOATER, into OUT/vanilla_continued, averaged the same way.
+#   FLOATER's gain over its vanilla start mixes what FLOATER does with what the extra updates do;
+#   its difference from the control is FLOATER's alone. The control costs as much as stage 2
+#   (the plan prints it); 0 by default here, 1 in recipes/extrapolation/run.sh.
 #
 #   DATA_BIN=data/wmt14_en_de/data-bin OUT=runs/floater ARCH=base bash recipes/floater/train.sh [--dry-run]
 #
@@ -17,7 +23,7 @@
 # OUT/floater/train.log).
 #   env: ARCH (base | big), LR (7e-4 base, 5e-4 big; FLOATER continues at LR / 2), MAX_UPDATE,
 #        MAX_EPOCH (stage 1; VANILLA_EPOCHS is read as MAX_EPOCH), FLOATER_EPOCHS (10),
-#        FLOATER_MAX_UPDATE, WARMUP (4000), DROPOUT, MAX_TOKENS, UPDATE_FREQ (auto),
+#        FLOATER_MAX_UPDATE, VANILLA_CONTINUED (0), WARMUP (4000), DROPOUT, MAX_TOKENS, UPDATE_FREQ (auto),
 #        SAVE_INTERVAL_UPDATES (auto), AVERAGE (5), DEVICE, NUM_GPUS, DEVICE_FLAGS (see
 #        recipes/wmt14_en_de/train.sh), MODEL_FLAGS / EXTRA_FLAGS (appended to both fairseq-train)
 set -euo pipefail
@@ -26,6 +32,8 @@ RECIPE=floater
 DATA_BIN="${DATA_BIN:?set DATA_BIN to a fairseq-preprocess output directory}"
 parse_run_args "$@"
 ENC=floater
+VANILLA_CONTINUED="${VANILLA_CONTINUED:-0}"
+case "$VANILLA_CONTINUED" in 0|1) ;; *) die "VANILLA_CONTINUED must be 0 or 1, got '$VANILLA_CONTINUED'" ;; esac
 MAX_EPOCH="${MAX_EPOCH:-${VANILLA_EPOCHS:-}}"
 set_training_defaults
 ls "$DATA_BIN"/dict.*.txt >/dev/null 2>&1 || die "no fairseq dictionary in DATA_BIN=$DATA_BIN: run fairseq-preprocess first"
@@ -55,7 +63,19 @@ train_stage "$OUT/floater" "$OUT/vanilla" "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS
   --max-epoch "$FLOATER_EPOCHS" ${FLOATER_MAX_UPDATE:+--max-update $FLOATER_MAX_UPDATE} \
   --keep-interval-updates "$AVERAGE" $MODEL_FLAGS $EXTRA_FLAGS
 
+if [ "$VANILLA_CONTINUED" = 1 ]; then
+  echo "== 2/3 control: the vanilla model trained on from $OUT/vanilla/checkpoint_best.pt with stage 2's schedule, without FLOATER"
+  # shellcheck disable=SC2086
+  train_stage "$OUT/vanilla_continued" "$OUT/vanilla" "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" "${settings[@]}" \
+    stage=vanilla_continued "floater_lr=$HALF_LR" -- "$DATA_BIN" "${FAIRSEQ_FLAGS[@]}" \
+    --arch "transformer_sinusoidal_$SUFFIX" --finetune-from-model "$OUT/vanilla/checkpoint_best.pt" --lr "$HALF_LR" \
+    --max-epoch "$FLOATER_EPOCHS" ${FLOATER_MAX_UPDATE:+--max-update $FLOATER_MAX_UPDATE} \
+    --keep-interval-updates "$AVERAGE" $MODEL_FLAGS $EXTRA_FLAGS
+fi
+
 [ "${FIRST_NODE:-1}" = 1 ] || exit 0  # the first node averages
-echo "== 3/3 averaging the last $AVERAGE interval checkpoints -> $OUT/floater/averaged_last$AVERAGE.pt"
-"$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$OUT/floater" \
-  --num-update-checkpoints "$AVERAGE" --output "$OUT/floater/averaged_last$AVERAGE.pt"
+for stage in floater $([ "$VANILLA_CONTINUED" = 1 ] && echo vanilla_continued); do
+  echo "== 3/3 averaging the last $AVERAGE interval checkpoints -> $OUT/$stage/averaged_last$AVERAGE.pt"
+  "$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$OUT/$stage" \
+    --num-update-checkpoints "$AVERAGE" --output "$OUT/$stage/averaged_last$AVERAGE.pt"
+done
