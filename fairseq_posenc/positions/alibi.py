@@ -25,7 +25,7 @@ range [+2.0, +25.1], +7.5, +3.4 and +2.4 past it, the last one's interval [+0.1,
 excluding 0); at 800 updates, the demo's budget, the two are level (every difference within
 +-1.8, every interval around 0). Split learns faster and was never measurably worse, and an
 encoder that cannot tell a sentence from its mirror image but by its end token is a poor start
-for translation. Crossed was below symmetric at both budgets. The README's "Position encodings"
+for translation. Crossed was below symmetric at both budgets. docs/encodings.md's "Position encodings"
 section has the table.
 
 Checkpoints written before ``--alibi-encoder`` existed were trained with the symmetric form.

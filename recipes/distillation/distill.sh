@@ -13,7 +13,7 @@
 # recipes (~32k tokens an update on any GPU count, fp16 on GPUs, a checkpoint every
 # SAVE_INTERVAL_UPDATES, the last AVERAGE kept), then the last AVERAGE are averaged into
 # OUT/averaged_lastAVERAGE.pt. A re-run resumes or skips as train.sh does; several nodes as
-# train.sh (README: "Several nodes").
+# train.sh (recipes/README.md: "Several nodes").
 #
 # The student may use any encoding (ENC), depth, width and head count; teacher and student
 # share the dictionaries and RELATION_HEADS, which must divide both attention widths.
