@@ -1,0 +1,242 @@
+"""The docs cannot rot: every flag and recipe variable that README.md, recipes/README.md and
+docs/*.md show in a command is one the program knows.
+
+Commands are taken from ```bash blocks (continuation lines joined, comments dropped, split at ;,
+&&, || and |) and from inline code that starts with a program (`fairseq-train ...`,
+`python scripts/...`, `bash recipes/...`, `make ...`). fairseq's CLIs are checked against
+fairseq's own parser with the plugin registered, extended for the command's --arch, --task,
+--criterion, --optimizer and --lr-scheduler as fairseq-train extends it; the plugin's scripts
+and torchrun against their --help; the recipes' flags against their argument parsers and their
+variables against what the recipes read; make targets and variables against the Makefile.
+Launchers and shell built-ins that run another command (srun, cd, export, ...) are skipped by name.
+"""
+import functools
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from fairseq import options
+
+import fairseq_posenc  # noqa: F401  (registers the plugin's models, criterions and flags)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ["README.md", "recipes/README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md"))
+FAIRSEQ_PARSERS = {
+    "fairseq-train": lambda: options.get_training_parser(),
+    "fairseq-generate": lambda: options.get_generation_parser(),
+    "fairseq-interactive": lambda: options.get_interactive_generation_parser(),
+    "fairseq-validate": lambda: options.get_validation_parser(),
+    "fairseq-preprocess": lambda: options.get_preprocessing_parser(),
+}
+# programs whose arguments are another command or nothing this checker can know
+SKIPPED = {"sbatch", "cd", "set", "for", "done", "fi", "if", "echo", "ls", "cat", "mkdir", "cp", "rm", "pip", "git",
+           "nvidia-smi", "du", "df", "sacrebleu", "true"}
+# words that run the command after them (srun's own options, if any, first)
+PREFIXES = {"do", "then", "else", "srun", "time", "nohup"}
+# variables of the environment, not of the recipes: the shell's, CUDA's, torch's, OpenMP's
+ENVIRONMENT = {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY", "CI", "PATH", "PYTHONPATH"}
+PLACEHOLDER = re.compile(r"^(\.\.\.|…|\$.*|<.*>)$")
+
+
+def _code_blocks(text):
+    for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        if match.group(1) in ("bash", "sh", "shell"):
+            yield match.group(2)
+
+
+def _inline_commands(text):
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    for span in re.findall(r"`([^`\n]+)`", text):
+        if re.match(r"^([A-Z_][A-Z0-9_]*=\S*\s+)*(fairseq-(train|generate|interactive|validate|preprocess)\b|"
+                    r"python3? scripts/|bash recipes/|make )", span):
+            yield span
+
+
+def _split(line):
+    """shlex tokens of one logical line, cut into simple commands at ; && || | and ( ).
+    ``$(which X)`` and ``$(command -v X)`` stand for X."""
+    line = re.sub(r"\$\((?:which|command -v) ([\w-]+)\)", r"\1", line)
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    command = []
+    try:
+        tokens = list(lexer)
+    except ValueError:  # an unbalanced quote in a prose span: nothing to check
+        return
+    for token in tokens:
+        if token and set(token) <= set(";&|()"):
+            if command:
+                yield command
+            command = []
+        else:
+            command.append(token)
+    if command:
+        yield command
+
+
+def doc_commands():
+    """(file, tokens) of every command the docs show."""
+    found = []
+    for doc in DOCS:
+        text = open(os.path.join(REPO, doc), encoding="utf-8").read()
+        for block in _code_blocks(text):
+            for line in block.replace("\\\n", " ").splitlines():
+                found += [(doc, tokens) for tokens in _split(line)]
+        for span in _inline_commands(text):
+            found += [(doc, tokens) for tokens in _split(span)]
+    return found
+
+
+def _flags(tokens):
+    return [t.split("=", 1)[0] for t in tokens if re.match(r"^--[A-Za-z]", t)]
+
+
+def _value(tokens, flag, default):
+    for i, t in enumerate(tokens):
+        if t == flag and i + 1 < len(tokens) and not PLACEHOLDER.match(tokens[i + 1]):
+            return tokens[i + 1]
+        if t.startswith(flag + "="):
+            return t.split("=", 1)[1]
+    return default
+
+
+@functools.lru_cache(maxsize=None)
+def _fairseq_options(program, arch, task, criterion, optimizer, scheduler):
+    parser = FAIRSEQ_PARSERS[program]()
+    argv = ["data-bin", "--task", task]
+    if program in ("fairseq-train",):
+        argv += ["--arch", arch, "--criterion", criterion, "--optimizer", optimizer, "--lr-scheduler", scheduler]
+    if program != "fairseq-preprocess":
+        options.parse_args_and_arch(parser, argv, parse_known=True)
+    return frozenset(parser._option_string_actions)
+
+
+def fairseq_unknown(program, tokens):
+    known = _fairseq_options(program, _value(tokens, "--arch", "transformer_posenc"),
+                             _value(tokens, "--task", "translation"),
+                             _value(tokens, "--criterion", "label_smoothed_cross_entropy"),
+                             _value(tokens, "--optimizer", "adam"), _value(tokens, "--lr-scheduler", "inverse_sqrt"))
+    return [f for f in _flags(tokens) if f not in known]
+
+
+@functools.lru_cache(maxsize=None)
+def _help_flags(*command):
+    proc = subprocess.run(list(command) + ["--help"], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, f"{' '.join(command)} --help failed:\n{proc.stderr[-2000:]}"
+    return frozenset(re.findall(r"(?<![\w-])(--[A-Za-z][\w-]*)", proc.stdout))
+
+
+def script_unknown(tokens):
+    script = tokens[0]
+    path = os.path.join(REPO, script)
+    if not os.path.isfile(path):
+        return [f"{script} (no such script)"]
+    command = (sys.executable, path)
+    subcommand = next((t for t in tokens[1:2] if re.match(r"^[a-z][\w-]*$", t)), None)
+    known = _help_flags(*command)
+    if subcommand and "{" in subprocess.run([*command, "--help"], capture_output=True, text=True, cwd=REPO).stdout:
+        known = known | _help_flags(*command, subcommand)
+    return [f for f in _flags(tokens[1:]) if f not in known]
+
+
+@functools.lru_cache(maxsize=None)
+def _recipe_text(recipe=None):
+    files = glob.glob(f"{REPO}/recipes/**/*.sh", recursive=True)
+    return "\n".join(open(f, encoding="utf-8").read() for f in files)
+
+
+def recipe_unknown(variables, tokens):
+    recipe = tokens[0]
+    if not os.path.isfile(os.path.join(REPO, recipe)):
+        return [f"{recipe} (no such recipe)"]
+    text = _recipe_text()
+    unknown = [v for v in variables if v not in ENVIRONMENT and not re.search(rf"\b{v}\b", text)]
+    # the recipes' flags: the cases of common.sh's parse_run_args / parse_prepare_args
+    flags = set(re.findall(r"^\s+(--[a-z-]+)(?:\|[^)]*)?\)", text, re.M)) | {"--help"}
+    return unknown + [f for f in _flags(tokens[1:]) if f not in flags]
+
+
+def make_unknown(variables, tokens):
+    makefile = open(os.path.join(REPO, "Makefile"), encoding="utf-8").read()
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, re.M))
+    unknown = [t for t in tokens[1:] if "=" not in t and t not in targets]
+    assigned = variables + [t.split("=", 1)[0] for t in tokens[1:] if "=" in t]
+    unknown += [v for v in assigned if v not in ENVIRONMENT and not re.search(rf"\b{v}\b", makefile)]
+    for token in tokens[1:]:  # the demo's own flags
+        if token.startswith("DEMO_ARGS="):
+            unknown += script_unknown(["scripts/demo.py", *shlex.split(token.split("=", 1)[1])])
+    return unknown
+
+
+def unknown_in(tokens):
+    """The flags and variables of one command that its program does not know ([] if none)."""
+    variables = []
+    while tokens and re.match(r"^[A-Z_][A-Z0-9_]*=", tokens[0]):
+        variables.append(tokens.pop(0).split("=", 1)[0])
+    if not tokens:  # assignments alone: a recipe reads them from the environment
+        return [v for v in variables if v not in ENVIRONMENT and not re.search(rf"\b{v}\b", _recipe_text())]
+    program = os.path.basename(tokens[0])
+    if program in PREFIXES:
+        rest = tokens[1:]
+        while rest and rest[0].startswith("-"):
+            rest = rest[1:]
+        return unknown_in([f"{v}=" for v in variables] + rest)
+    if program == "export":
+        return unknown_in(tokens[1:])
+    if program in SKIPPED:
+        return []
+    if program in FAIRSEQ_PARSERS:
+        return fairseq_unknown(program, tokens)
+    if program in ("python", "python3"):
+        return script_unknown(tokens[1:])
+    if program == "bash":
+        return recipe_unknown(variables, tokens[1:])
+    if program == "make":
+        return make_unknown(variables, tokens)
+    if program == "torchrun":
+        end = next((i for i, t in enumerate(tokens) if "fairseq-" in t), len(tokens))
+        torchrun = _help_flags(os.path.join(os.path.dirname(sys.executable), "torchrun"))
+        unknown = [f for f in _flags(tokens[1:end]) if f not in torchrun]
+        return unknown + (fairseq_unknown("fairseq-train", tokens[end:]) if end < len(tokens) else [])
+    return [f"{tokens[0]}: a program this check does not know (add it to tests/test_docs.py)"]
+
+
+COMMANDS = doc_commands()
+
+
+def test_the_docs_show_commands_of_every_kind():
+    """The extraction finds what the pages hold (a broken parser would check nothing)."""
+    programs = {os.path.basename(t[0]) for _, t in COMMANDS if t and not re.match(r"^[A-Z_]+=", t[0])}
+    assert {"fairseq-train", "fairseq-generate", "python", "bash", "make", "torchrun"} <= programs
+    assert len(COMMANDS) > 40
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_flag_and_variable_in_the_docs_is_known(doc):
+    wrong = []
+    for where, tokens in COMMANDS:
+        if where == doc:
+            unknown = unknown_in(list(tokens))
+            if unknown:
+                wrong.append(f"{' '.join(tokens)[:160]}\n    unknown: {', '.join(unknown)}")
+    assert not wrong, f"{doc}:\n" + "\n".join(wrong)
+
+
+def test_the_check_finds_a_misspelt_flag_and_variable():
+    assert unknown_in(["fairseq-train", "data", "--user-dir", "fairseq_posenc", "--arch", "transformer_t5_wmt_en_de",
+                       "--t5-num-buckets", "32", "--positon-encoding", "t5"]) == ["--positon-encoding"]
+    assert unknown_in(["ENC=t5", "ARHC=base", "bash", "recipes/wmt14_en_de/train.sh", "--dry-run"]) == ["ARHC"]
+    assert unknown_in(["python", "scripts/bleu_by_length.py", "--generation", "a=b", "--baseline", "a",
+                       "--bootstrap", "10"]) == ["--bootstrap"]
+    assert unknown_in(["make", "demo", "DEMO_ARGS=--seeds 3 --encoding t5"]) == ["--encoding"]
+    assert unknown_in(["do", "ARHC=base", "bash", "recipes/wmt14_en_de/train.sh"]) == ["ARHC"]
+    assert unknown_in(["export", "ENC=t5", "ARHC=base"]) == ["ARHC"]
+    assert unknown_in(["srun", "bash", "recipes/wmt14_en_de/train.sh", "--dry-rnu"]) == ["--dry-rnu"]
+    assert unknown_in(["torchrun", "--nnodes", "2", "--nproc-per-gpu", "8", "fairseq-train", "x"]) == [
+        "--nproc-per-gpu"]
