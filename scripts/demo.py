@@ -19,6 +19,12 @@ mean ± std over seeds, with a paired bootstrap 95% interval of each encoding's 
 from --baseline (fairseq_posenc/study_report.py): Markdown and JSON, and a two-panel PNG plot.
 With --data-bin, the study runs on your own preprocessed corpus instead (its test set binned):
 say how it is segmented (--bpe) and what the bins count (--unit); BLEU is on detokenized text.
+
+With --warm-start N, FLOATER trains as its paper does: warm-started from the best checkpoint of
+the sinusoidal model of the same seed and trained N more updates at half the lr; beside it the
+control, that sinusoidal model trained on from the same checkpoint for the same N updates at the
+same lr (fairseq's --finetune-from-model), reported as vanilla_continued. FLOATER's difference
+from the control is what FLOATER does; its difference from sinusoidal also holds the N updates.
 """
 import argparse
 import concurrent.futures
@@ -113,13 +119,31 @@ def postprocess(generation: pipeline.Generation, args, tgt_lang: str) -> pipelin
                                sources, generation.ids)
 
 
+CONTROL = "vanilla_continued"
+
+
+def warm_start_flags(model: str, seed: int, out: str, args) -> list:
+    """--warm-start: FLOATER from the sinusoidal model of ``seed`` (its best checkpoint, as the
+    paper), or its control, the sinusoidal model trained on; N updates at half the lr, each."""
+    start = os.path.join(out, "checkpoints", "sinusoidal", f"seed{seed}", "checkpoint_best.pt")
+    flags = pipeline.toy_train_flags("floater" if model == "floater" else "sinusoidal", args.warm_start, seed,
+                                     size=args.size, lr=args.lr / 2, max_tokens=args.max_tokens)
+    flags += ["--max-source-positions", str(MAX_POSITIONS), "--max-target-positions", str(MAX_POSITIONS)]
+    if model == "floater":
+        return flags + ["--floater-init-from", start] + OVERRIDES["floater"]
+    return flags + ["--finetune-from-model", start]
+
+
 def run_one(n: int, total: int, encoding: str, seed: int, data_bin: str, out: str, args, tgt_lang: str):
     """Train, average and decode one model (encoding, seed)."""
     save_dir = os.path.join(out, "checkpoints", encoding, f"seed{seed}")
-    print(f"| [{n}/{total}] training {encoding} seed {seed} for {args.max_update} updates "
-          f"(log: {save_dir}/train.log)", flush=True)
+    warm = args.warm_start and encoding in ("floater", CONTROL)
+    updates = (f"{args.warm_start} updates from sinusoidal seed {seed}'s best checkpoint at lr {args.lr / 2:g}" if warm
+               else f"{args.max_update} updates")
+    print(f"| [{n}/{total}] training {encoding} seed {seed} for {updates} (log: {save_dir}/train.log)", flush=True)
     start = time.time()
-    pipeline.train(data_bin, save_dir, train_flags(encoding, seed, args))
+    pipeline.train(data_bin, save_dir, warm_start_flags(encoding, seed, out, args) if warm
+                   else train_flags(encoding, seed, args))
     train_seconds = time.time() - start
     averaged = pipeline.average_checkpoints(save_dir, 3, os.path.join(save_dir, "averaged.pt"))
     log = os.path.join(out, "generations", f"{encoding}.seed{seed}.txt")
@@ -179,6 +203,11 @@ def main(argv=None):
     parser.add_argument("--unit", choices=["words", "subwords"], default="words",
                         help="what the bins count in the --data-bin test sources: words (segmentation removed) "
                              "or subwords (the tokens the model reads)")
+    parser.add_argument("--warm-start", type=int, default=0, metavar="N",
+                        help="FLOATER as its paper trains it: from the best checkpoint of the sinusoidal model of the "
+                             "same seed, N more updates at half the lr; and its control (vanilla_continued): the "
+                             "sinusoidal model trained on N updates the same way. Needs sinusoidal and floater in "
+                             "--encodings (default 0: FLOATER from scratch like the others)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="models trained at once, sharing the cores (default: one per core, at most 2)")
     args = parser.parse_args(argv)
@@ -197,6 +226,11 @@ def main(argv=None):
         parser.error("--bpe and --unit describe a --data-bin corpus; the toy corpus is words")
     if args.data_bin and args.bpe == "none" and args.unit == "subwords":
         parser.error("--unit subwords needs --bpe (subword_nmt or sentencepiece): without it a token is a word")
+    if args.warm_start < 0 or (args.warm_start and not {"sinusoidal", "floater"} <= set(args.encodings)):
+        parser.error(f"--warm-start {args.warm_start}: a number of updates >= 0, with sinusoidal (the start) and "
+                     "floater among --encodings")
+    encodings = list(args.encodings) + ([CONTROL] if args.warm_start else [])
+    controls = {"floater": CONTROL} if args.warm_start else {}
 
     out = os.path.abspath(args.out)
     for stale in ("bin", "checkpoints", "generations"):  # a re-run starts over rather than resuming old runs
@@ -211,14 +245,21 @@ def main(argv=None):
 
     # Small models use two threads poorly: by default each core trains its own model.
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
-    jobs = [(encoding, seed) for seed in seeds for encoding in args.encodings]
+    # with --warm-start, FLOATER and its control start from the sinusoidal models: a second round
+    warm = ("floater", CONTROL) if args.warm_start else ()
+    rounds = [[(e, seed) for seed in seeds for e in encodings if e not in warm],
+              [(e, seed) for seed in seeds for e in encodings if e in warm]]
+    jobs = [job for jobs_of_round in rounds for job in jobs_of_round]
+    done = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        done = list(pool.map(lambda job: run_one(job[0], len(jobs), *job[1], data_bin, out, args, tgt_lang),
-                             enumerate(jobs, 1)))
-    runs = {e: [gen for row, _, gen in done if row["encoding"] == e] for e in args.encodings}
+        for first, jobs_of_round in zip((1, len(rounds[0]) + 1), rounds):
+            done += list(pool.map(lambda job: run_one(job[0], len(jobs), *job[1], data_bin, out, args, tgt_lang),
+                                  enumerate(jobs_of_round, first)))
+    runs = {e: [next(gen for row, _, gen in done if row["encoding"] == e and row["seed"] == s) for s in seeds]
+            for e in encodings}
     rows = [{"encoding": e, "parameters": next(r["parameters"] for r, _, _ in done if r["encoding"] == e),
              "train_seconds": [r["train_seconds"] for r, _, _ in done if r["encoding"] == e]}
-            for e in args.encodings]
+            for e in encodings]
     for row in rows:
         biases = [r["bias"] for r, _, _ in done if r["encoding"] == row["encoding"] and r["bias"]]
         if biases:
@@ -230,7 +271,7 @@ def main(argv=None):
     longest = max(len(s.split()) for _, raw, _ in done for s in raw.sources)
     footer = study_report.decoding_limit_note(MAX_LEN_A, MAX_LEN_B, longest + 1, MAX_POSITIONS,
                                               what="demo.py's fairseq-generate")
-    report = study_report.build_report(runs, edges, unit, baseline, seeds=seeds, footer=footer)
+    report = study_report.build_report(runs, edges, unit, baseline, seeds=seeds, footer=footer, controls=controls)
     paths = study_report.write_report(
         report, os.path.join(out, "bleu_by_length"),
         title=(f"Trained on sources of at most {args.train_max_len} {unit}" if not args.data_bin else "")
@@ -241,6 +282,10 @@ def main(argv=None):
              f" seeds {' '.join(map(str, seeds))}; {args.jobs} model(s) trained at a time,"
              f" {os.environ['OMP_NUM_THREADS']} thread(s) each.")
     note += "".join(f" {e}: {' '.join(OVERRIDES[e])}." for e in args.encodings if e in OVERRIDES)
+    if args.warm_start:
+        note += (f" --warm-start {args.warm_start}: floater and {CONTROL} trained {args.warm_start} more updates at lr "
+                 f"{args.lr / 2:g} from sinusoidal's best checkpoint of each seed ({args.max_update + args.warm_start} "
+                 "in all); training time is that stage's.")
     scaled = [e for e in args.encodings if uses_bias_scale(POSITION_ENCODINGS[e])]
     if scaled:
         note += f" --position-bias-scale {args.position_bias_scale:g} for {', '.join(scaled)}."
@@ -249,7 +294,7 @@ def main(argv=None):
     write_text_atomically(os.path.join(out, "results.json"), json.dumps(
         {"unit": unit, "edges": edges, "seeds": seeds, "max_update": args.max_update, "size": args.size,
          "max_tokens": args.max_tokens, "lr": args.lr, "toy_pair": None if args.data_bin else args.toy_pair,
-         "position_bias_scale": args.position_bias_scale,
+         "position_bias_scale": args.position_bias_scale, "warm_start": args.warm_start,
          "rows": rows, "report": report}, indent=2) + "\n")
     print("\n" + summary)
     print(f"| total {time.time() - start_all:.0f} s; wrote {out}/results.md, results.json, "

@@ -44,6 +44,39 @@ def test_demo_writes_the_report_table_json_and_plot(tmp_path):
     assert len(os.listdir(tmp_path / "generations")) >= 2  # the fairseq-generate output, for bleu_by_length.py
 
 
+def test_warm_start_trains_floater_and_its_control_from_sinusoidals_best_checkpoint(tmp_path):
+    """--warm-start N: FLOATER and vanilla_continued both start from sinusoidal seed 1's best
+    checkpoint and train N updates at half the lr; the report compares FLOATER with its control."""
+    import torch
+
+    proc = subprocess.run([sys.executable, DEMO, "--encodings", "sinusoidal", "floater", "--max-update", "300",
+                           "--warm-start", "40", "--train-size", "1000", "--test-size", "60", "--size", "tiny",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| [3/3] training vanilla_continued seed 1 for 40 updates from sinusoidal seed 1's best checkpoint at " \
+           "lr 0.0015" in proc.stdout or "| [2/3] training vanilla_continued seed 1 for 40 updates" in proc.stdout
+    results = json.load(open(tmp_path / "results.json"))
+    assert [row["encoding"] for row in results["rows"]] == ["sinusoidal", "floater", "vanilla_continued"]
+    assert results["report"]["controls"] == {"floater": "vanilla_continued"} and results["warm_start"] == 40
+    assert all("vs_control" in row for row in results["report"]["models"]["floater"])
+    for model in ("floater", "vanilla_continued"):
+        state = torch.load(tmp_path / "checkpoints" / model / "seed1" / "checkpoint_last.pt", map_location="cpu",
+                           weights_only=False)
+        assert state["optimizer_history"][-1]["num_updates"] == 40
+        assert state["cfg"]["optimization"]["lr"] == [1.5e-3]
+    start = tmp_path / "checkpoints" / "sinusoidal" / "seed1" / "checkpoint_best.pt"
+    log = open(tmp_path / "checkpoints" / "vanilla_continued" / "seed1" / "train.log").read()
+    assert f"loading pretrained model from {start}" in log
+    # (the saved config forgets the warm start, so that loading the model does not redo it)
+    command = open(tmp_path / "checkpoints" / "floater" / "seed1" / "train.log").readline()
+    assert f" --floater-init-from {start} " in command and " --lr 0.0015 " in command
+    # trained 340 updates in all: in range both are well past the untrained 0 BLEU (sinusoidal
+    # alone reaches 58.8 at 300 updates here)
+    for model in ("floater", "vanilla_continued"):
+        assert results["report"]["models"][model][0]["bleu"] > 30
+    assert "| floater - vanilla_continued | " in open(tmp_path / "results.md").read()
+
+
 def _demo_module():
     import importlib.util
 
@@ -57,7 +90,10 @@ def test_demo_flags_are_checked_before_any_work(tmp_path, capsys):
     demo = _demo_module()
     for args, message in ((["--seeds", "2", "2"], "--seeds takes a count N >= 1 or distinct non-negative seeds"),
                           (["--encodings", "t5", "--baseline", "rope"], "--baseline rope is not among --encodings"),
-                          (["--bpe", "subword_nmt"], "--bpe and --unit describe a --data-bin corpus")):
+                          (["--bpe", "subword_nmt"], "--bpe and --unit describe a --data-bin corpus"),
+                          (["--encodings", "floater", "--warm-start", "10"],
+                           "--warm-start 10: a number of updates >= 0, with sinusoidal (the start) and floater among "
+                           "--encodings")):
         with pytest.raises(SystemExit) as exit_:
             demo.main([*args, "--out", str(tmp_path)])
         assert exit_.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
