@@ -6,6 +6,13 @@ A module that can share work between them (FLOATER solves its ODE once per updat
 per pass) defines ``begin_update(passes)``; the wrapper installed here calls it at the start of
 every ``train_step``. Modules without the method never notice.
 
+A module that adds gradients of its own once the update's are complete (FLOATER's
+``--floater-solve-every``: the gradient of several updates, backpropagated once) defines
+``finish_update(scale)``: the wrapper calls it right after the trainer's ``multiply_grads(scale)``
+(1 / sample size, after all passes' backward, before clipping and the optimizer step), so the
+module sees the factor every gradient of the update was normalised by. A loop of one's own calls
+:func:`finish_update` before its optimizer step.
+
 Every optimizer step is also counted (:func:`optimizer_steps`), through torch's global step hook
 rather than the trainer: a bare ``optimizer.step()`` (a user's loop, a test) never passes through
 ``train_step``, and fairseq's optimizers write parameters through ``p.data``, which leaves no
@@ -49,6 +56,18 @@ def announce_update(model: nn.Module, passes: int):
             begin(passes)
 
 
+def finish_update(model: nn.Module, scale=1.0):
+    """Call ``finish_update(scale)`` on every submodule of ``model`` that defines it."""
+    for module in _finishers(model):
+        module.finish_update(scale)
+
+
+def _finishers(model: nn.Module):
+    # (``wants_finish_update`` False: the module has nothing to add, the trainer runs untouched)
+    return [m for m in model.modules()
+            if callable(getattr(m, "finish_update", None)) and getattr(m, "wants_finish_update", True)]
+
+
 def install():
     """Wrap ``fairseq.trainer.Trainer.train_step`` and count optimizer steps; safe to call more
     than once."""
@@ -62,7 +81,29 @@ def install():
     @functools.wraps(original)
     def train_step(self, samples, *args, **kwargs):
         announce_update(self.model, len(samples))
-        return original(self, samples, *args, **kwargs)
+        finishers = _finishers(self.model)
+        if not finishers:
+            return original(self, samples, *args, **kwargs)
+        for module in finishers:
+            check = getattr(module, "check_trainer", None)
+            if callable(check):
+                check(self)
+        optimizer = self.optimizer
+        multiply, own = optimizer.multiply_grads, "multiply_grads" in vars(optimizer)
+
+        def multiply_then_finish(c):
+            multiply(c)
+            for module in finishers:
+                module.finish_update(c)
+
+        optimizer.multiply_grads = multiply_then_finish  # on this instance, for this update only
+        try:
+            return original(self, samples, *args, **kwargs)
+        finally:
+            if own:
+                optimizer.multiply_grads = multiply
+            else:
+                del optimizer.multiply_grads
 
     train_step.announces_updates = True
     Trainer.train_step = train_step

@@ -32,6 +32,12 @@ compat.apply()
 
 EPOCH_PATTERN = r"checkpoint(\d+)\.pt"
 UPDATE_PATTERN = r"checkpoint_\d+_(\d+)\.pt"
+LONGEST = ".longest_trained"  # fairseq_posenc/models/transformer_stacks.py
+# FLOATER's (and the RNN's) kept solution, the fingerprint of the parameters it was solved for, and
+# a --floater-solve-every cycle's pending gradient: the average has other parameters, so none of
+# them holds for it (and their lengths differ between checkpoints: validation grows the solution).
+# Saved empty, they are solved again on load (fairseq_posenc/positions/floater.py)
+SOLVED = (".ode.solution", ".ode.fingerprint", ".ode.pending_gradient")
 
 
 def last_checkpoints(directory: str, n: int, update_based: bool, upper_bound: Optional[int] = None) -> List[str]:
@@ -50,14 +56,21 @@ def average(paths: List[str]) -> Dict:
     """The newest checkpoint's state with ``model`` replaced by the element-wise mean."""
     newest = torch.load(paths[0], map_location="cpu")
     # Sum in float64 so that averaging many checkpoints loses nothing; integer buffers
-    # (counters, versions) are taken from the newest checkpoint.
-    total = {k: v.double() for k, v in newest["model"].items() if v.is_floating_point()}
+    # (counters, versions) are taken from the newest checkpoint, but the stacks' longest training
+    # input is the longest of all: every input checkpoint was trained on it
+    for key in [k for k in newest["model"] if k.endswith(SOLVED)]:
+        newest["model"][key] = newest["model"][key].new_zeros(0, *newest["model"][key].shape[1:]) \
+            if not key.endswith(".fingerprint") else torch.zeros_like(newest["model"][key])
+    total = {k: v.double() for k, v in newest["model"].items() if v.is_floating_point() and not k.endswith(SOLVED)}
+    longest = [k for k in newest["model"] if k.endswith(LONGEST)]
     for path in paths[1:]:
         model = torch.load(path, map_location="cpu")["model"]
         if model.keys() != newest["model"].keys():
             raise ValueError(f"{path} has different parameters from {paths[0]}")
         for key in total:
             total[key] += model[key].double()
+        for key in longest:
+            newest["model"][key] = torch.maximum(newest["model"][key], model[key])
         print(f"| read {path}", file=sys.stderr)
     for key, summed in total.items():
         newest["model"][key] = (summed / len(paths)).to(newest["model"][key].dtype)

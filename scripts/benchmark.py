@@ -18,6 +18,7 @@ import argparse
 import itertools
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -34,7 +35,7 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.models.from_flags import MODEL_SIZES, build_from_flags, size_flags  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
-from fairseq_posenc.update_hooks import announce_update  # noqa: E402
+from fairseq_posenc.update_hooks import announce_update, finish_update  # noqa: E402
 
 STOCK = "stock transformer"
 
@@ -47,11 +48,11 @@ class _Task:
         self.source_dictionary = self.target_dictionary = d
 
 
-def build(name, size, task, max_positions):
+def build(name, size, task, max_positions, extra=()):
     flags = size_flags(size) + ["--share-all-embeddings", "--dropout", "0.1"]
     if name == STOCK:
         return build_from_flags("transformer", flags, task, max_positions)
-    return build_from_flags("transformer_posenc", flags + ["--position-encoding", name], task, max_positions)
+    return build_from_flags("transformer_posenc", flags + ["--position-encoding", name, *extra], task, max_positions)
 
 
 def batch(task, bsz, length, device, seed=0):
@@ -80,6 +81,7 @@ def train_step(model, optimizer, data, dtype, passes=1):
             logits, _ = model(src, lengths, prev)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.view(-1))
         loss.backward()
+    finish_update(model)
     optimizer.step()
 
 
@@ -172,6 +174,52 @@ def floater_solve_times(sizes, lengths, repeats):
     return rows
 
 
+def schedule_times(args, device):
+    """Seconds per training update of sinusoidal and of FLOATER with each --floater-solve-every
+    N: the mean over a block of consecutive updates, a multiple of every N long (each block holds
+    the same share of solving updates as a long run), blocks round-robin over the models, the
+    fastest block counting (as the fastest repeat elsewhere: on a shared machine noise only adds)."""
+    task = _Task(args.vocab)
+    everies = args.floater_solve_every
+    block = args.schedule_block or math.lcm(*everies)
+    if any(block % n for n in everies):
+        raise SystemExit(f"--schedule-block {block} is not a multiple of every --floater-solve-every")
+    models = {"sinusoidal": build("sinusoidal", args.size, task, args.max_positions).to(device)}
+    for n in everies:
+        models[f"floater N={n}"] = build("floater", args.size, task, args.max_positions,
+                                         ["--floater-solve-every", str(n)]).to(device)
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-5) for name, m in models.items()}
+    bsz, length = args.batch_sizes[0], args.lengths[0]
+    data = batch(task, bsz, length, device)
+    print(f"| {device.type}, {torch.get_num_threads()} threads, size {args.size} {MODEL_SIZES[args.size]}, batch "
+          f"{bsz} x {length}, update-freq {args.update_freq[0]}, {args.repeats} blocks of {block} updates per model",
+          flush=True)
+
+    def run(name, updates):
+        models[name].train()
+        for _ in range(updates):
+            train_step(models[name], optimizers[name], data, torch.float32, args.update_freq[0])
+
+    for name in models:  # warm-up, then blocks in turns
+        run(name, 2)
+    seconds = {name: [] for name in models}
+    for r in range(args.repeats):
+        for name in models:
+            sync(device)
+            start = time.perf_counter()
+            run(name, block)
+            sync(device)
+            seconds[name].append((time.perf_counter() - start) / block)
+            print(f"| block {r + 1}: {name} {1000 * seconds[name][-1]:.1f} ms / update", flush=True)
+    fastest = {name: min(s) for name, s in seconds.items()}
+    print(f"\n| model | ms / update, fastest block of {block} | / sinusoidal | every block |\n|---|---|---|---|")
+    for name, best in fastest.items():
+        blocks = ", ".join(f"{1000 * s:.1f}" for s in seconds[name])
+        print(f"| {name} | {1000 * best:.1f} | {ratio(best, fastest['sinusoidal'])}x | {blocks} |")
+    return {"size": args.size, "batch": bsz, "length": length, "update_freq": args.update_freq[0], "block": block,
+            "threads": torch.get_num_threads(), "seconds_per_update": seconds}
+
+
 def ratio(value, reference):
     return round(value / reference, 3) if reference else None
 
@@ -198,6 +246,13 @@ def main(argv=None):
                         help="only time one FLOATER ODE solve + backward at these model sizes (default: medium "
                              "base) for each of --lengths: torchdiffeq against FLOATER's rk4, its loops in "
                              "Python and in C++")
+    parser.add_argument("--floater-solve-every", type=int, nargs="+", metavar="N",
+                        help="only time training updates of sinusoidal and of FLOATER with each of these "
+                             "--floater-solve-every, at the first of --lengths and --batch-sizes: the mean over a "
+                             "block of consecutive updates, the fastest of --repeats blocks")
+    parser.add_argument("--schedule-block", type=int, default=None,
+                        help="updates per timed block with --floater-solve-every (default: their least common "
+                             "multiple)")
     parser.add_argument("--output", default="benchmark_output/benchmark.json", help="where to write the JSON")
     args = parser.parse_args(argv)
     if args.threads:
@@ -207,6 +262,13 @@ def main(argv=None):
         rows = floater_solve_times(args.floater_solve or ["medium", "base"], args.lengths, args.repeats)
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         write_text_atomically(args.output, json.dumps({"floater_solve": rows}, indent=2) + "\n")
+        print(f"| wrote {args.output}")
+        return
+    if args.floater_solve_every:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        result = schedule_times(args, device)
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        write_text_atomically(args.output, json.dumps({"floater_solve_every": result}, indent=2) + "\n")
         print(f"| wrote {args.output}")
         return
     if args.quick:

@@ -17,6 +17,8 @@ With --seeds, each encoding is trained once per seed (``--seeds 3``: seeds 1, 2,
 ``--seeds 1 5 9``), and the report gives per bin SacreBLEU, chrF and the length ratio hyp/ref as
 mean ± std over seeds, with a paired bootstrap 95% interval of each encoding's BLEU difference
 from --baseline (fairseq_posenc/study_report.py): Markdown and JSON, and a two-panel PNG plot.
+Beside the report, positions_ENC.png draws what each encoding looks like in the first seed's best
+checkpoint (scripts/plot_positions.py).
 With --data-bin, the study runs on your own preprocessed corpus instead (its test set binned):
 say how it is segmented (--bpe) and what the bins count (--unit); BLEU is on detokenized text.
 
@@ -86,9 +88,11 @@ def parameters(checkpoint: str) -> int:
     import torch
 
     state = torch.load(checkpoint, map_location="cpu")["model"]
-    # tied embeddings appear under three names; FLOATER's stored solution and ALiBi's encoder
-    # form are buffers, and --position-bias-scale is kept as extra state: not parameters
-    buffers = ("version", "_float_tensor", ".solution", ".fingerprint", ".encoder_form", "._extra_state")
+    # tied embeddings appear under three names; FLOATER's stored solution, ALiBi's encoder form
+    # and the stacks' longest training input are buffers, and --position-bias-scale is kept as
+    # extra state: not parameters
+    buffers = ("version", "_float_tensor", ".solution", ".fingerprint", ".encoder_form", "._extra_state",
+               ".longest_trained", ".pending_gradient")
     seen, total = set(), 0
     for name, tensor in state.items():
         if name.endswith(buffers) or tensor.data_ptr() in seen:
@@ -210,7 +214,11 @@ def main(argv=None):
                              "--encodings (default 0: FLOATER from scratch like the others)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="models trained at once, sharing the cores (default: one per core, at most 2)")
+    parser.add_argument("--floater-solve-every", type=int, default=1, metavar="N",
+                        help="FLOATER's flow model updated every N updates (docs/floater.md; default 1)")
     args = parser.parse_args(argv)
+    if args.floater_solve_every != 1:
+        OVERRIDES["floater"] = OVERRIDES["floater"] + ["--floater-solve-every", str(args.floater_solve_every)]
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     if not 0 < args.position_bias_scale < float("inf"):
@@ -296,9 +304,30 @@ def main(argv=None):
          "max_tokens": args.max_tokens, "lr": args.lr, "toy_pair": None if args.data_bin else args.toy_pair,
          "position_bias_scale": args.position_bias_scale, "warm_start": args.warm_start,
          "rows": rows, "report": report}, indent=2) + "\n")
+    figures = plot_positions(encodings, seeds[0], out, longest + 1)
     print("\n" + summary)
     print(f"| total {time.time() - start_all:.0f} s; wrote {out}/results.md, results.json, "
-          + ", ".join(os.path.basename(p) for p in paths.values()))
+          + ", ".join(os.path.basename(p) for p in list(paths.values()) + figures))
+
+
+def plot_positions(encodings, seed: int, out: str, length: int) -> list:
+    """positions_ENC.png beside the report: what each encoding looks like in the best checkpoint
+    of ``seed``, over the test set's source lengths (scripts/plot_positions.py)."""
+    import plot_positions as plot
+
+    figures = []
+    for encoding in encodings:
+        checkpoint = os.path.join(out, "checkpoints", encoding, f"seed{seed}", "checkpoint_best.pt")
+        figure = os.path.join(out, f"positions_{encoding}.png")
+        try:
+            model, _ = plot.load_model(checkpoint)
+            plot.plot(plot.position_arrays(model, length), figure,
+                      f"{encoding}: seed {seed}'s checkpoint_best.pt, positions 0-{length - 1}")
+        except Exception as e:  # the study is done: a figure that fails must not lose it
+            print(f"| {os.path.basename(figure)} not written: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        figures.append(figure)
+    return figures
 
 
 def summary_table(rows, note="") -> str:

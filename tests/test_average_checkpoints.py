@@ -79,3 +79,28 @@ def test_a_failed_write_leaves_the_previous_output_intact(tmp_path, monkeypatch)
         average_checkpoints.main(["--inputs", str(tmp_path / "c0.pt"), "--output", str(tmp_path / "avg.pt")])
     assert (tmp_path / "avg.pt").read_bytes() == b"previous good file"
     assert sorted(os.listdir(tmp_path)) == ["avg.pt", "c0.pt"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("encoding", ["floater", "rnn"])
+def test_floaters_kept_solutions_of_other_lengths_are_solved_again_for_the_average(tmp_path, encoding):
+    """Validation grows the kept solution, so checkpoints of one run hold solutions of different
+    lengths, each solved for its own parameters: the average drops them and solves its own."""
+    from toy import build_model
+
+    paths = []
+    for seed, length in ((1, 64), (2, 128)):
+        model = build_model("transformer_posenc", "--position-encoding", encoding, seed=seed)
+        with torch.no_grad():
+            model.encoder.position_encoding.ode.positions(length)
+        assert model.state_dict()["encoder.position_encoding.ode.solution"].size(0) == length
+        torch.save({"model": model.state_dict(), "cfg": {}}, tmp_path / f"checkpoint{seed}.pt")
+        paths.append(str(tmp_path / f"checkpoint{seed}.pt"))
+    average_checkpoints.main(["--inputs", *paths, "--output", str(tmp_path / "avg.pt")])
+    averaged = build_model("transformer_posenc", "--position-encoding", encoding, seed=3)
+    averaged.load_state_dict(torch.load(tmp_path / "avg.pt", map_location="cpu")["model"], strict=True)
+    ode = averaged.encoder.position_encoding.ode
+    with torch.no_grad():
+        kept = ode.positions(100)[:100].clone()
+        fresh = ode._solve(ode.initial, 0, 100)
+    # solved for the averaged parameters, by the same code: equal, not close
+    assert torch.equal(kept, fresh)

@@ -42,6 +42,9 @@ def test_demo_writes_the_report_table_json_and_plot(tmp_path):
     png = open(tmp_path / "bleu_by_length.png", "rb").read()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 30_000  # two panels
     assert len(os.listdir(tmp_path / "generations")) >= 2  # the fairseq-generate output, for bleu_by_length.py
+    for encoding in ("none", "sinusoidal"):  # what each encoding looks like (scripts/plot_positions.py)
+        assert (tmp_path / f"positions_{encoding}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "positions_none.png, positions_sinusoidal.png" in proc.stdout
 
 
 def test_warm_start_trains_floater_and_its_control_from_sinusoidals_best_checkpoint(tmp_path):

@@ -152,6 +152,23 @@ def test_warm_start_refuses_a_model_of_another_size(tmp_path):
         floater("--floater-init-from", str(tmp_path / "missing.pt"))
 
 
+def test_warm_start_refuses_a_sinusoidal_model_at_every_block(tmp_path):
+    """--position-blocks all adds no parameter: only the saved flags tell that FLOATER would drop
+    its Eq. 7 terms and not start as that model."""
+    import argparse
+
+    model = build_model("transformer_posenc", "--position-blocks", "all")
+    for flags, named in (({"position_encoding": "sinusoidal", "position_blocks": "all"}, "sinusoidal --position-blocks all"),
+                         ({"position_encoding": "rope"}, "rope")):
+        path = tmp_path / "every_block.pt"
+        torch.save({"model": model.state_dict(), "cfg": {"model": argparse.Namespace(**flags)}}, path)
+        with pytest.raises(ValueError, match=f"is a --position-encoding {named} model; the warm start needs the vanilla"):
+            floater("--floater-init-from", str(path))
+    torch.save({"model": model.state_dict(), "cfg": {"model": {"position_encoding": "sinusoidal",
+                                                             "position_blocks": "input"}}}, path)
+    assert floater("--floater-init-from", str(path)) is not None  # the vanilla model's flags: accepted
+
+
 def _record_solves(ode):
     calls = []
     solve = ode._solve

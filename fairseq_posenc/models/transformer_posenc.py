@@ -10,6 +10,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
+    transformer_iwslt_de_en,
     transformer_vaswani_wmt_en_de_big,
 )
 
@@ -83,6 +84,14 @@ def transformer_posenc_wmt_en_de_big(args):
     transformer_vaswani_wmt_en_de_big(args)
 
 
+# fairseq's transformer_iwslt_de_en (d 512, ffn 1024, 4 heads, 6 + 6 layers): the size of
+# fairseq's IWSLT'14 German-English example and of recipes/iwslt14_de_en
+@register_model_architecture("transformer_posenc", "transformer_posenc_iwslt_de_en")
+def transformer_posenc_iwslt_de_en(args):
+    set_defaults(args)
+    transformer_iwslt_de_en(args)
+
+
 def _with_encoding(name, architecture):
     def arch(args):
         args.position_encoding = getattr(args, "position_encoding", name)
@@ -91,11 +100,15 @@ def _with_encoding(name, architecture):
     return arch
 
 
-# transformer_E_wmt_en_de and transformer_E_wmt_en_de_big for every registered encoding E
+# transformer_E_wmt_en_de, transformer_E_wmt_en_de_big and transformer_E_iwslt_de_en for every
+# registered encoding E
 for _name in POSITION_ENCODINGS:
     register_model_architecture("transformer_posenc", f"transformer_{_name}_wmt_en_de")(
         _with_encoding(_name, transformer_posenc_wmt_en_de)
     )
     register_model_architecture("transformer_posenc", f"transformer_{_name}_wmt_en_de_big")(
         _with_encoding(_name, transformer_posenc_wmt_en_de_big)
+    )
+    register_model_architecture("transformer_posenc", f"transformer_{_name}_iwslt_de_en")(
+        _with_encoding(_name, transformer_posenc_iwslt_de_en)
     )

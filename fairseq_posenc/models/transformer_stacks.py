@@ -2,7 +2,15 @@
 
 Each stack owns its :class:`~fairseq_posenc.positions.PositionEncoding` and hands it to every
 attention layer, so that tables shared by the layers are built once per forward in one place.
+
+Each stack also records the longest input it was trained on (``longest_trained``, real tokens,
+end-of-sentence included), for plots of its positions (scripts/plot_positions.py) to mark. It is
+an int64 buffer, so it is saved in the checkpoint, survives --restore-file and is left alone by
+model.half(); 0 means unknown (never trained, or a checkpoint from before it) and is not saved,
+so an untrained model's state dict stays fairseq's transformer's key for key. Under several
+workers each keeps its own and the checkpoint holds worker 0's.
 """
+import torch
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
@@ -48,6 +56,33 @@ def _check_table_sizes(stack, state_dict, name: str):
                 f"was trained with; do not raise that with --model-overrides")
 
 
+class LongestTrained:
+    """Mixin for a stack: ``longest_trained``, updated by :meth:`_record_length` while training."""
+
+    KEY = "longest_trained"
+
+    def _init_longest_trained(self):
+        self.register_buffer(self.KEY, torch.zeros((), dtype=torch.long))
+        self.register_state_dict_post_hook(LongestTrained._drop_unknown)
+
+    @staticmethod
+    def _drop_unknown(module, state_dict, prefix, local_metadata):
+        if int(state_dict.get(prefix + LongestTrained.KEY, 1)) == 0:
+            del state_dict[prefix + LongestTrained.KEY]
+
+    def _record_length(self, tokens):
+        if self.training:
+            longest = tokens.ne(self.padding_idx).sum(-1).max()
+            # in place and on the device: no host sync per forward
+            torch.maximum(self.longest_trained, longest, out=self.longest_trained)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # fairseq loads strictly: checkpoints from before the record, fairseq's own transformer,
+        # and untrained models (which do not save it) load as unknown
+        state_dict.setdefault(prefix + self.KEY, torch.zeros((), dtype=torch.long))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
 def _attach(layers, terms, cross_terms=()):
     for idx, layer in enumerate(layers):
         for module in layer.modules():
@@ -55,7 +90,7 @@ def _attach(layers, terms, cross_terms=()):
                 module.attach(terms if module.self_attention else cross_terms, idx)
 
 
-class PosencTransformerEncoder(TransformerEncoderBase):
+class PosencTransformerEncoder(LongestTrained, TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
         self.position_encoding = _build_position_encoding(cfg, "encoder", cfg.encoder)
@@ -73,6 +108,7 @@ class PosencTransformerEncoder(TransformerEncoderBase):
             terms.append(self.segment_bias)
         self.position_terms = tuple(terms)
         _attach(self.layers, self.position_terms)
+        self._init_longest_trained()
 
     def upgrade_state_dict_named(self, state_dict, name):
         _check_table_sizes(self, state_dict, name)
@@ -82,16 +118,18 @@ class PosencTransformerEncoder(TransformerEncoderBase):
         return _wrap_layer(PosencEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
+        self._record_length(src_tokens)
         for term in self.position_terms:
             term.begin_forward(src_tokens)
         return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
 
 
-class PosencTransformerDecoder(TransformerDecoderBase):
+class PosencTransformerDecoder(LongestTrained, TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.position_encoding = _build_position_encoding(cfg, "decoder", cfg.decoder)
         _attach(self.layers, (self.position_encoding,), (self.position_encoding,))
+        self._init_longest_trained()
 
     def upgrade_state_dict_named(self, state_dict, name):
         _check_table_sizes(self, state_dict, name)
@@ -103,5 +141,6 @@ class PosencTransformerDecoder(TransformerDecoderBase):
     def extract_features(self, prev_output_tokens, encoder_out, incremental_state=None, **kwargs):
         # a non-empty incremental state: a later step of one decode (fairseq's generator starts
         # each batch with an empty one)
+        self._record_length(prev_output_tokens)
         self.position_encoding.begin_forward(prev_output_tokens, continues=bool(incremental_state))
         return super().extract_features(prev_output_tokens, encoder_out, incremental_state, **kwargs)

@@ -98,6 +98,13 @@ class PositionalAttention(MultiheadAttention):
         self.position_terms = tuple(terms)
         self.layer_idx = layer_idx
 
+    def block_input(self, x: Tensor) -> Tensor:
+        """The input (T, B, C) of the layer this attention opens, with what the position terms add
+        to it there (:meth:`PositionEncoding.block_input`)."""
+        for term in self.position_terms:
+            x = term.block_input(self.layer_idx, x)
+        return x
+
     def _split_heads(self, x: Tensor) -> Tensor:
         # (T, B, H * D) -> (B, H, T, D)
         length, batch, _ = x.shape

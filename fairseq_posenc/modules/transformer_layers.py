@@ -1,7 +1,9 @@
 """fairseq's Transformer layers with :class:`PositionalAttention` in every attention block.
 
-Only the ``build_*_attention`` extension points change; fairseq's layer ``forward`` (residuals,
-layer norms, dropout, fairseq's incremental-state handling) is used as it is.
+Only the ``build_*_attention`` extension points change, and the input of each layer passes
+through its schemes' ``block_input`` first (an encoder at every block adds p^(n) there); fairseq's
+layer ``forward`` (residuals, layer norms, dropout, fairseq's incremental-state handling) is used
+as it is.
 """
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
@@ -24,11 +26,17 @@ def _attention(layer, cfg, embed_dim: int, num_heads: int, **kwargs) -> Position
 
 
 class PosencEncoderLayer(TransformerEncoderLayerBase):
+    def forward(self, x, encoder_padding_mask, attn_mask=None):
+        return super().forward(self.self_attn.block_input(x), encoder_padding_mask, attn_mask)
+
     def build_self_attention(self, embed_dim, cfg):
         return _attention(self, cfg, embed_dim, cfg.encoder.attention_heads, self_attention=True)
 
 
 class PosencDecoderLayer(TransformerDecoderLayerBase):
+    def forward(self, x, *args, **kwargs):
+        return super().forward(self.self_attn.block_input(x), *args, **kwargs)
+
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise ValueError(

@@ -11,6 +11,7 @@ from .diet_rel import DietRel
 from .floater import FloaterPositionEncoding
 from .learned import LearnedPositionEncoding
 from .none import NoPositionEncoding
+from .rnn import RNNPositionEncoding
 from .rope import RotaryPositionEncoding
 from .shaw import ShawRelative
 from .sinusoidal import SinusoidalPositionEncoding
@@ -27,6 +28,7 @@ POSITION_ENCODINGS = {
     "rope": RotaryPositionEncoding,
     "alibi": ALiBi,
     "floater": FloaterPositionEncoding,
+    "rnn": RNNPositionEncoding,
 }
 
 

@@ -7,7 +7,9 @@ A scheme is a small module owned by one Transformer stack (encoder or decoder). 
   (``transform_qkv``: rotary embeddings, FLOATER's projection biases),
 - add a per-head bias to the self-attention logits (``attention_bias``: DIET, T5, ALiBi, Shaw's
   key term),
-- add a term computed from the attention probabilities to the output (``value_term``: Shaw).
+- add a term computed from the attention probabilities to the output (``value_term``: Shaw),
+- add a position term p^(n) to the input of block n (``block_input``: the additive encoders at
+  every block, ``--position-blocks all``; FLOATER's Table 2).
 
 The stack calls ``begin_forward`` once per forward (each decoding step is a forward) and hands
 the scheme to every attention layer; the layers call the hooks with their index and an
@@ -16,11 +18,12 @@ for all layers that share them (``shared``), and kept across forwards while no g
 recorded and the parameters have not changed (``table``; :mod:`.kept` says how "not changed" is
 decided), which is what decoding needs.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 import torch.nn as nn
+from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
 from ..compat import PosencError
@@ -28,6 +31,21 @@ from .kept import KeptFrom
 
 #: positions a table covers at least when it is kept for decoding
 MIN_TABLE = 64
+
+POSITION_BLOCKS = ("input", "all")
+
+
+@dataclass
+class PositionBlocksConfig:
+    """The flag of the encoders that can act at the input block only or at every block."""
+
+    position_blocks: Optional[ChoiceEnum(list(POSITION_BLOCKS))] = field(
+        default=None,
+        metadata={"help": "sinusoidal, learned, floater, rnn: the position encoder at the first block of each "
+                  "stack only (input: p^(n) = 0 for n >= 2) or at every block (all: FLOATER's Table 2; "
+                  "sinusoidal adds its Eq. 7, learned one table per block). Default: the encoding's own, "
+                  "input for sinusoidal and learned, all for floater and rnn"},
+    )
 
 
 @dataclass
@@ -90,6 +108,9 @@ class PositionEncoding(nn.Module):
     needs_attention_weights: bool = False
     #: the dataclass holding the scheme's own flags (None: no flags)
     config = None
+    #: where the position encoder acts when --position-blocks is not given ("input" or "all");
+    #: None where the flag has no meaning (the encoding lives inside attention, or is absent)
+    default_blocks: Optional[str] = None
 
     def __init__(self, cfg, side: str, num_layers: int, num_heads: int, head_dim: int):
         super().__init__()
@@ -108,12 +129,31 @@ class PositionEncoding(nn.Module):
         self._kept_from = KeptFrom()
         self._tables_checked = False
         self._continues = False
+        blocks = getattr(cfg, "position_blocks", None)
+        if blocks is not None and blocks not in POSITION_BLOCKS:
+            raise PosencError(f"--position-blocks must be one of {', '.join(POSITION_BLOCKS)}, got {blocks!r}")
+        #: "input" or "all" (see ``default_blocks``)
+        self.position_blocks = blocks or self.default_blocks
 
     # hooks; the defaults do nothing
     @classmethod
     def finish_model(cls, model, args):
-        """Called once the whole model is built: links the decoder's scheme to the encoder's."""
+        """Called once the whole model is built: refuses --position-blocks where it means nothing,
+        hands each stack's scheme its input embedding, links the decoder's scheme to the encoder's."""
+        blocks = getattr(args, "position_blocks", None)
+        if blocks is not None and cls.default_blocks is None:
+            from . import POSITION_ENCODINGS
+
+            placeable = ", ".join(name for name, scheme in POSITION_ENCODINGS.items() if scheme.default_blocks)
+            raise PosencError(f"--position-blocks {blocks}: --position-encoding {args.position_encoding} has no "
+                              f"position encoder to place at the input or at every block (only {placeable} have one)")
+        for stack in (model.encoder, model.decoder):
+            stack.position_encoding.use_input_embedding(stack.embed_positions)
         model.decoder.position_encoding.tie(model.encoder.position_encoding)
+
+    def use_input_embedding(self, embedding: Optional[nn.Module]):
+        """Given fairseq's input position embedding of the owning stack (None without one), the
+        module that computes block 1's p (an encoder at every block computes the later ones alike)."""
 
     def tie(self, encoder_scheme: "PositionEncoding"):
         """On the decoder's scheme, with the encoder's: share what the two should share."""
@@ -141,6 +181,12 @@ class PositionEncoding(nn.Module):
     def value_term(self, layer: int, probs: Tensor, pos: AttentionPositions) -> Optional[Tensor]:
         """A term added to the self-attention output (B, H, T, D), from probabilities (B, H, T, S)."""
         return None
+
+    def block_input(self, layer: int, x: Tensor) -> Tensor:
+        """Phi^(n)(x) of block n = ``layer`` + 1: the input ``x`` (T, B, C) of the layer, the
+        residual stream entering it (in a decoding step: its newest T positions), with p^(n) added,
+        or ``x`` itself. Block 1's p^(1) is fairseq's input embedding, added before the layers."""
+        return x
 
     # caching
     def _table_inputs(self):

@@ -6,6 +6,11 @@ shared by all blocks. The solution is a bias added to the projections, in the pa
 warm-start form: the sinusoidal input embedding stays, and with h = 0 and zero initial states
 the model is exactly the vanilla Transformer.
 
+``--position-blocks input`` (Table 2's "only at input block" rows, p^(n) = 0 for n >= 2): the
+biases of the first block of the encoder and of the decoder only, with initial states for those
+blocks only. Through Eq. 12 FLOATER's p^(1) reaches block 1 as biases on its projections; the
+residual stream keeps the sinusoidal input embedding, as at every block in the default form.
+
 Cost: the biases do not depend on the input, so one solve covers every block and every sentence
 of a forward, for the longest length needed; a longer length extends the solution from where it
 ended rather than solving again from 0. Without gradients the solution is kept, stored in the
@@ -21,7 +26,8 @@ import torch.nn as nn
 from torch import Tensor
 
 from ..compat import PosencError
-from .base import MIN_TABLE, PositionEncoding, at_least_float32
+from . import floater_schedule
+from .base import MIN_TABLE, PositionBlocksConfig, PositionEncoding, at_least_float32
 from .kept import KeptFrom
 
 FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
@@ -29,7 +35,7 @@ ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
 
 
 @dataclass
-class FloaterConfig:
+class FloaterConfig(PositionBlocksConfig):
     floater_dt: float = field(default=0.1, metadata={"help": "floater: time between two positions"})
     floater_solver: str = field(
         default="rk4", metadata={"help": "floater: torchdiffeq method, fixed-step " + ", ".join(FIXED_STEP_SOLVERS)
@@ -55,6 +61,20 @@ class FloaterConfig:
         metadata={"help": "floater: also bias the keys and values of encoder-decoder attention (the paper, "
                   "Eq. 12, biases self-attention only)"},
     )
+    floater_solve_every: int = field(
+        default=1,
+        metadata={"help": "floater: update the flow model (h and the initial states) every N updates (Sec. 4.4); "
+                  "in between, training reads the solution kept since its last update and the gradient on it "
+                  "accumulates, to be backpropagated through one solve at every N-th update, in which h and the "
+                  "initial states get the sum; in the other updates their gradient is None (Adam skips them). "
+                  "1: a solve with autograd every update. See docs/floater.md"},
+    )
+    floater_lr_scale: float = field(
+        default=1.0,
+        metadata={"help": "floater: h's weights W are stored as V with W = C V, so that Adam moves W about C "
+                  "times as far per step (a learning rate C times the rest's; weight decay is not scaled); the "
+                  "initial states keep the base learning rate"},
+    )
 
 
 class Dynamics(nn.Module):
@@ -65,19 +85,30 @@ class Dynamics(nn.Module):
     materialise a full-size gradient at every step.
     """
 
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, hidden: int, lr_scale: float = 1.0):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, dim)
         # initialised as nn.Linear(dim + 1, hidden) and nn.Linear(hidden + 1, dim) would be
         self.time1 = nn.Parameter(torch.empty(hidden).uniform_(-1, 1) / (dim + 1) ** 0.5)
         self.time2 = nn.Parameter(torch.empty(dim).uniform_(-1, 1) / (hidden + 1) ** 0.5)
+        # --floater-lr-scale C: the parameters hold W / C. Adam's step does not depend on the
+        # gradient's scale, so V moves as far as W would and W = C V C times as far (fairseq's
+        # set_lr overwrites every parameter group's lr, so a group of its own would not last)
+        self.lr_scale = lr_scale
+        if lr_scale != 1:
+            with torch.no_grad():
+                for p in self.parameters():
+                    p.div_(lr_scale)
 
     def float32(self) -> "Float32Field":
         """h with its weights in float32, cast once per solve (no copy when they already are)."""
         dtype = at_least_float32(self.fc1.weight.dtype)
-        return Float32Field(tuple(w.to(dtype) for w in (self.fc1.weight.t(), self.fc1.bias, self.time1,
-                                                      self.fc2.weight.t(), self.fc2.bias, self.time2)))
+        weights = tuple(w.to(dtype) for w in (self.fc1.weight.t(), self.fc1.bias, self.time1,
+                                              self.fc2.weight.t(), self.fc2.bias, self.time2))
+        if self.lr_scale != 1:
+            weights = tuple(w * self.lr_scale for w in weights)
+        return Float32Field(weights)
 
     def forward(self, t: Tensor, p: Tensor) -> Tensor:
         return self.float32()(t, p)
@@ -151,7 +182,7 @@ class FloaterODE(nn.Module):
     """All blocks' position biases: ``positions(n)`` -> (>= n, states, dim)."""
 
     def __init__(self, num_states: int, dim: int, hidden: int, dt: float, solver: str,
-                 step: Optional[float], adjoint: bool):
+                 step: Optional[float], adjoint: bool, solve_every: int = 1, lr_scale: float = 1.0):
         super().__init__()
         if solver not in FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS:
             raise ValueError(f"--floater-solver {solver!r} is not a torchdiffeq method; choose one of "
@@ -160,7 +191,8 @@ class FloaterODE(nn.Module):
             raise ValueError("--floater-dt and --floater-step must be positive")
         self.dt, self.solver, self.adjoint = dt, solver, adjoint
         self.step = step if step is not None else dt / 5
-        self.dynamics = Dynamics(dim, hidden)
+        floater_schedule.check(solve_every, lr_scale)
+        self.dynamics = Dynamics(dim, hidden, lr_scale)
         self.initial = nn.Parameter(torch.empty(num_states, dim))
         nn.init.normal_(self.initial, std=0.02)
         # The solution for the current parameters, kept in the checkpoint, and a fingerprint of
@@ -173,6 +205,12 @@ class FloaterODE(nn.Module):
         self._graph = None  # (generation, solution with autograd history) while training
         self._update = None  # the update fairseq's trainer runs, when it announced one
         self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module._refresh_for_saving())
+        # --floater-solve-every N > 1 (floater_schedule.py)
+        self.schedule = floater_schedule.SolveSchedule(int(solve_every)) if solve_every > 1 else None
+        if self.schedule is not None:
+            self.register_state_dict_post_hook(
+                lambda module, state, prefix, meta: module.schedule.save(
+                    state, prefix, module.solution.size(0), module.initial.shape))
 
     def reset_to_vanilla(self):
         """h = 0 and zero initial states: every bias is 0, the model is the vanilla one.
@@ -202,6 +240,26 @@ class FloaterODE(nn.Module):
         copies of the solution added in (the backward is linear in them): the same gradients
         as a solve per pass, for the cost of one."""
         self._update = _Update(passes)
+        if self.schedule is not None:
+            self.schedule.begin_update()
+
+    def set_num_updates(self, num_updates: int):
+        """fairseq's count of finished updates, set before each training pass."""
+        if self.schedule is not None:
+            self.schedule.num_updates = num_updates
+
+    @property
+    def wants_finish_update(self) -> bool:
+        return self.schedule is not None
+
+    def check_trainer(self, trainer):
+        floater_schedule.refuse_unsupported(trainer)
+
+    def finish_update(self, scale):
+        """fairseq's trainer scaled the update's gradients by ``scale`` and has not yet clipped
+        them or stepped (:mod:`fairseq_posenc.update_hooks`)."""
+        if self.schedule is not None:
+            self.schedule.finish_update(self, scale)
 
     def positions(self, length: int, continues: bool = False) -> Tensor:
         """The solution over at least ``length`` positions. ``continues``: a later step of a
@@ -213,6 +271,8 @@ class FloaterODE(nn.Module):
             update = self._update
             if update is None or update.passes_left < 0:  # a forward outside the trainer's updates
                 solution = self._extend(solution if generation == self._generation else None, length)
+            elif self.schedule is not None:
+                solution = self.schedule.for_this_pass(self, length)
             else:
                 update.solution = self._extend(update.solution, length)
                 solution = update.for_this_pass()
@@ -293,6 +353,10 @@ class FloaterODE(nn.Module):
         if stored is not None:  # its length is whatever the saver had solved
             self.solution = torch.zeros(stored.shape, dtype=at_least_float32(stored.dtype), device=self.solution.device)
             self._solved_from.forget()
+        # a cycle's pending gradient (--floater-solve-every); dropped by a model without the schedule
+        pending = state_dict.pop(prefix + floater_schedule.PENDING, None)
+        if self.schedule is not None:
+            self.schedule.load(pending, self.initial.device)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
@@ -305,18 +369,22 @@ class FloaterPositionEncoding(PositionEncoding):
 
     input_embedding = "sinusoidal"
     config = FloaterConfig
+    default_blocks = "all"
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
         self.width = num_heads * head_dim
-        self.encoder_layers, self.decoder_layers = cfg.encoder.layers, cfg.decoder.layers
+        # the blocks with biases in each stack
+        only_input = self.position_blocks == "input"
+        self.encoder_blocks, self.decoder_blocks = (1, 1) if only_input else (cfg.encoder.layers, cfg.decoder.layers)
         self.cross_attention = bool(getattr(cfg, "floater_cross_attention", False))
         self._ode = None
         if side == "encoder":
             # q, k, v of every self-attention block, and k, v of every encoder-decoder one if asked
-            states = 3 * (self.encoder_layers + self.decoder_layers) + 2 * self.decoder_layers * self.cross_attention
+            states = 3 * (self.encoder_blocks + self.decoder_blocks) + 2 * self.decoder_blocks * self.cross_attention
             self.ode = FloaterODE(states, self.width, cfg.floater_hidden or self.width, cfg.floater_dt,
-                                  cfg.floater_solver, cfg.floater_step, cfg.floater_adjoint)
+                                  cfg.floater_solver, cfg.floater_step, cfg.floater_adjoint,
+                                  getattr(cfg, "floater_solve_every", 1), getattr(cfg, "floater_lr_scale", 1.0))
 
     @classmethod
     def finish_model(cls, model, args):
@@ -329,7 +397,7 @@ class FloaterPositionEncoding(PositionEncoding):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         stored = state_dict.get(prefix + "ode.initial")
         if self.side == "encoder" and stored is not None and stored.size(0) != self.ode.initial.size(0):
-            crossed = 3 * (self.encoder_layers + self.decoder_layers) + 2 * self.decoder_layers
+            crossed = 3 * (self.encoder_blocks + self.decoder_blocks) + 2 * self.decoder_blocks
             if stored.size(0) == crossed and not self.cross_attention:
                 # checkpoints of before --floater-cross-attention biased encoder-decoder attention too
                 raise PosencError(
@@ -359,8 +427,8 @@ class FloaterPositionEncoding(PositionEncoding):
         if self.side == "encoder":
             return 3 * layer + projection
         if role == "self":
-            return 3 * self.encoder_layers + 3 * layer + projection
-        return 3 * self.encoder_layers + 3 * self.decoder_layers + 2 * layer + projection - 1
+            return 3 * self.encoder_blocks + 3 * layer + projection
+        return 3 * self.encoder_blocks + 3 * self.decoder_blocks + 2 * layer + projection - 1
 
     def _rows(self, role: str, positions: Tensor, pos, like: Tensor) -> Tensor:
         """The solution at ``positions`` for every block, gathered once per forward and shared
@@ -376,6 +444,8 @@ class FloaterPositionEncoding(PositionEncoding):
         return bias.view(*bias.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
 
     def transform_qkv(self, layer, role, q, k, v, pos):
+        if layer >= (self.encoder_blocks if self.side == "encoder" else self.decoder_blocks):
+            return q, k, v
         if role == "self":
             rows = self._rows(role, pos.q, pos, q)
             return tuple(x + self._bias(rows, self._state(layer, role, i)) for i, x in enumerate((q, k, v)))
@@ -383,6 +453,20 @@ class FloaterPositionEncoding(PositionEncoding):
             return q, k, v
         rows = self._rows(role, pos.k, pos, k)
         return (q,) + tuple(x + self._bias(rows, self._state(layer, role, i)) for i, x in ((1, k), (2, v)))
+
+
+def _saved_model_flags(state):
+    """The model flags a fairseq checkpoint was trained with (``cfg.model``: a Namespace for
+    architectures registered the legacy way, as here; ``args`` in older checkpoints), or None."""
+    cfg = state.get("cfg")
+    model = cfg.get("model") if cfg is not None else None
+    return model if model is not None else state.get("args")
+
+
+def _flag(flags, name, default):
+    if flags is None:
+        return default
+    return flags.get(name, default) if isinstance(flags, dict) else getattr(flags, name, default)
 
 
 def warm_start(model, path: str):
@@ -398,12 +482,21 @@ def warm_start(model, path: str):
     vanilla = state.get("model") if isinstance(state, dict) else None
     if vanilla is None:
         raise ValueError(f"--floater-init-from: {path} is not a fairseq checkpoint (no 'model' entry)")
+    # a sinusoidal model at every block (--position-blocks all) has the same parameters, no more:
+    # only its saved flags tell that the warm start would drop its Eq. 7 terms
+    saved = _saved_model_flags(state)
+    encoding, blocks = _flag(saved, "position_encoding", "sinusoidal"), _flag(saved, "position_blocks", None)
+    if encoding != "sinusoidal" or blocks not in (None, "input"):
+        raise ValueError(f"--floater-init-from: {path} is a --position-encoding {encoding}"
+                         f"{' --position-blocks ' + blocks if blocks else ''} model; the warm start needs the vanilla "
+                         "Transformer (sinusoidal at the input block) for FLOATER to start as that model exactly")
     ode = model.encoder.position_encoding.ode
     ode_keys = {f"encoder.position_encoding.ode.{k}" for k in ode.state_dict()}
     own = model.state_dict()
     mismatched = [k for k, v in vanilla.items() if k in own and own[k].shape != v.shape]
     missing = sorted(set(own) - set(vanilla) - ode_keys)
-    unexpected = sorted(set(vanilla) - set(own))
+    # the stacks' longest_trained is saved only once trained (models/transformer_stacks.py)
+    unexpected = sorted(k for k in set(vanilla) - set(own) if not k.endswith(".longest_trained"))
     if mismatched or missing or unexpected:
         details = "; ".join(f"{name}: {', '.join(keys[:3])}" for name, keys in
                             (("different shape", mismatched), ("missing", missing), ("unexpected", unexpected)) if keys)

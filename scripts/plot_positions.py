@@ -1,0 +1,321 @@
+#!/usr/bin/env python
+"""What a trained model's position encoding looks like (FLOATER's Figure 3, for every encoding).
+
+    python scripts/plot_positions.py --path checkpoints/averaged.pt --out positions.png [--max-len 64]
+
+Every array is taken from the model's own modules, the code paths its forward runs, not
+recomputed: fairseq's input position embedding (sinusoidal, learned) called on a sentence of
+--max-len tokens; with --position-blocks all, what ``block_input`` adds to each later block's
+input (zero input); the q, k, v biases of each attention block (FLOATER, RNN) as the block's
+``transform_qkv`` adds them to zero projections; RoPE's rotation as ``transform_qkv`` turns the
+unit pair (1, 0) of each pair of dimensions: cos | sin of its angle; the attention-logit bias of
+each layer as ``attention_bias`` returns it (T5, DIET-REL, ALiBi: by offset key - query, one row
+per head; DIET-ABS: P_Q P_K^T, query x key per head); Shaw's a^K and a^V tables per layer (its
+key term q_i . a^K_(j-i) depends on the query, so the vectors are shown, by offset). A table
+shared by several layers (or by the encoder and the decoder) is shown once. ``none`` has nothing
+to show and says so in one line.
+
+Heatmaps of position vectors (position down, dimension across) have their dimensions sorted by
+how often each crosses its own mean over the positions trained on (all shown when unknown),
+slowest first: sinusoidal's fall in order of frequency, and learned ones line up by how fast
+they vary where they were trained. The colour scale is symmetric and fitted to the positions
+trained on, so values beyond them saturate rather than wash the trained range out. A dashed
+line marks the longest input each stack was trained on, which the stacks record in the
+checkpoint (``longest_trained``; not in checkpoints older than it).
+"""
+import argparse
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+# before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
+logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import fairseq_posenc  # noqa: E402,F401  (registers the plugin)
+from fairseq_posenc.positions import PositionEncoding  # noqa: E402
+
+NOTHING = ("the model has no position encoding (its encoder sees a bag of words, its decoder only its "
+           "causal mask): nothing to plot")
+
+
+@dataclass
+class PositionArray:
+    """One plotted array. ``kind``: "vectors" (position x dimension), "rotation" (position x
+    dimension: cos | sin), "offsets" (head x offset), "offset vectors" (offset x dimension) or
+    "square" (head x query x key). ``first``: the label of row/column 0 (the first offset)."""
+
+    array: np.ndarray
+    kind: str
+    first: int = 0
+    longest: int = 0  # the stack's longest training input, 0 if unknown
+    causal: bool = False  # a square whose keys after the query are masked (the decoder's)
+    where: List[Tuple[str, Optional[int]]] = field(default_factory=list)  # (side, layer) it serves
+
+
+def _layers(layers: List[int], total: int) -> str:
+    if len(layers) == total > 1:
+        return f"layers 0-{total - 1}"
+    return ("layer " if len(layers) == 1 else "layers ") + ",".join(map(str, layers))
+
+
+def _name(what: str, entry: PositionArray, layers_of: Dict[str, int]) -> str:
+    sides = list(dict.fromkeys(side for side, _ in entry.where))
+    layers = sorted({layer for _, layer in entry.where if layer is not None})
+    where = "+".join(sides)
+    if layers:
+        where += " " + _layers(layers, min(layers_of[s] for s in sides))
+    return f"{where} {what}"
+
+
+def _rows(x: torch.Tensor) -> np.ndarray:
+    """(1, H, T, D) -> (T, H * D): each position's vector as the projection it is added to."""
+    return x[0].transpose(0, 1).reshape(x.size(2), -1).float().numpy()
+
+
+def _by_offset(square: torch.Tensor, causal: bool) -> Optional[Tuple[np.ndarray, int]]:
+    """(H, n, n) bias -> (H, offsets) and the first offset, where it depends on key - query only."""
+    n = square.size(-1)
+    if n > 1 and not torch.equal(square[:, 1:, 1:], square[:, :-1, :-1]):
+        return None
+    # the last query sees offsets -(n-1)..0, the first one 0..n-1
+    rows = square[:, n - 1] if causal else torch.cat([square[:, n - 1], square[:, 0, 1:]], dim=1)
+    return rows.float().numpy(), -(n - 1)
+
+
+def _scheme_arrays(stack, side: str, n: int, add):
+    scheme = stack.position_encoding
+    tokens = torch.full((1, n), stack.dictionary.eos(), dtype=torch.long)
+    scheme.begin_forward(tokens)
+    device = tokens.device
+    pos = scheme.positions("self", n, n, None, device)
+    heads, dim = scheme.num_heads, scheme.head_dim
+    if hasattr(scheme, "block_input"):  # p^(n) added to block n's input (--position-blocks all)
+        x = torch.zeros(n, 1, stack.layers[0].embed_dim)
+        for layer in range(scheme.num_layers):
+            out = scheme.block_input(layer, x)
+            if out is not x:
+                add("term added to the layer's input", PositionArray(out[:, 0].float().numpy(), "vectors"), side, layer)
+    if hasattr(scheme, "rel_k"):  # Shaw: the bias needs the query; its tables by offset
+        for layer in range(scheme.num_layers):
+            for name, table in (("a^K (key term)", scheme.rel_k), ("a^V (value term)", scheme.rel_v)):
+                add(f"Shaw {name}", PositionArray(table[layer].float().numpy(), "offset vectors",
+                                                  first=-scheme.max_distance), side, layer)
+        return
+    for layer in range(scheme.num_layers):
+        bias = scheme.attention_bias(layer, None, pos)
+        if bias is not None:
+            square = bias[0].expand(heads, n, n)
+            offsets = _by_offset(square, scheme.causal)
+            if offsets is not None:
+                add("attention bias by offset", PositionArray(offsets[0], "offsets", first=offsets[1]), side, layer)
+            else:
+                square = PositionArray(square.float().numpy(), "square", causal=scheme.causal)
+                add("attention bias", square, side, layer)
+    if type(scheme).transform_qkv is PositionEncoding.transform_qkv:
+        return
+    zeros = torch.zeros(1, heads, n, dim)
+    unit = torch.zeros(1, heads, n, dim)
+    unit[..., : dim // 2] = 1  # (1, 0) in every pair (i, i + D/2) that rotary rotates
+    for layer in range(scheme.num_layers):
+        for role, projections in (("self", "qkv"), ("cross", "qkv")):
+            role_pos = pos if role == "self" else scheme.positions("cross", n, n, None, device)
+            out0 = scheme.transform_qkv(layer, role, zeros, zeros, zeros, role_pos)
+            out1 = scheme.transform_qkv(layer, role, unit, unit, unit, role_pos)
+            for p, x0, x1 in zip(projections, out0, out1):
+                if x0 is zeros and x1 is unit:
+                    continue  # this block leaves the projection alone
+                # a rotation leaves 0 at 0 and turns the unit pair; FLOATER's biases are 0 at a warm start
+                if x0.any() or torch.equal(x1, unit):
+                    add(f"{role}-attention {p} bias", PositionArray(_rows(x0), "vectors"), side, layer)
+                else:  # the same rotation for q and k: shown once
+                    add("rotation of q and k (cos | sin)", PositionArray(x1[0, 0].float().numpy(), "rotation"),
+                        side, layer)
+
+
+@torch.no_grad()
+def position_arrays(model, max_len: int) -> Dict[str, PositionArray]:
+    """name -> what the model adds for position, over positions 0 .. max_len - 1 (fewer where a
+    table ends sooner), from its own modules. Arrays equal for several layers or for both stacks
+    are kept once, named for all of them."""
+    model.eval()
+    entries: List[Tuple[str, PositionArray]] = []
+    layers_of = {}
+
+    for side, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+        scheme = stack.position_encoding
+        layers_of[side] = scheme.num_layers
+        longest = int(getattr(stack, "longest_trained", 0))
+        n = max_len if scheme.extrapolates else min(max_len, scheme.max_positions)
+
+        def add(what, entry, side=side, layer=None):
+            entry.longest = longest
+            for seen, old in entries:
+                if seen == what and old.kind == entry.kind and old.array.shape == entry.array.shape \
+                        and old.longest == longest and np.array_equal(old.array, entry.array, equal_nan=True):
+                    old.where.append((side, layer))
+                    return
+            entry.where.append((side, layer))
+            entries.append((what, entry))
+
+        embed = stack.embed_positions
+        if embed is not None:
+            rows = min(n, getattr(embed, "max_positions", n) or n)
+            tokens = torch.full((1, rows), stack.dictionary.eos(), dtype=torch.long)
+            add("input position embedding", PositionArray(embed(tokens)[0].float().numpy(), "vectors"))
+        _scheme_arrays(stack, side, n, add)
+    return {_name(what, entry, layers_of): entry for what, entry in entries}
+
+
+def dimension_order(vectors: np.ndarray) -> np.ndarray:
+    """Columns sorted by how often each crosses its own mean over the rows, fewest first."""
+    centred = vectors - vectors.mean(0, keepdims=True)
+    crossings = (np.signbit(centred[1:]) != np.signbit(centred[:-1])).sum(0)
+    return np.argsort(crossings, kind="stable")
+
+
+def _limit(values: np.ndarray) -> float:
+    finite = np.abs(values[np.isfinite(values)])
+    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+
+
+def _panels(name: str, entry: PositionArray):
+    """(title, image, extent, colour limit, marks) for each panel of one array."""
+    a, longest = entry.array, entry.longest
+    if entry.kind in ("vectors", "rotation", "offset vectors"):
+        first = entry.first
+        if entry.kind == "offset vectors":
+            trained = slice(max(0, -(longest - 1) - first), (longest - 1) - first + 1) if longest else slice(None)
+            # just past the largest offset seen in training, on each side
+            marks = [("h", o + 0.5 if o > 0 else o - 0.5) for o in (-(longest - 1), longest - 1)
+                     if longest and first <= o <= first + a.shape[0] - 1 and o != 0]
+        else:
+            trained = slice(0, longest) if 0 < longest <= a.shape[0] else slice(None)
+            marks = [("h", longest - 0.5)] if 0 < longest < a.shape[0] else []
+        if entry.kind != "rotation":  # sorted by what was learned: untrained rows are their initial noise
+            a = a[:, dimension_order(a[trained])]
+        trained = a[trained]
+        extent = (-0.5, a.shape[1] - 0.5, first + a.shape[0] - 0.5, first - 0.5)
+        sort = "" if entry.kind == "rotation" else ", dims sorted"
+        rows = "offset key - query" if entry.kind == "offset vectors" else "position"
+        yield f"{name}{sort}", a, extent, _limit(trained), marks, (rows, "dimension")
+    elif entry.kind == "offsets":
+        last = entry.first + a.shape[1] - 1
+        inside = [o for o in (-(longest - 1), longest - 1) if longest and entry.first <= o <= last]
+        lo, hi = (min(inside) - entry.first, max(inside) - entry.first + 1) if inside else (0, a.shape[1])
+        extent = (entry.first - 0.5, last + 0.5, a.shape[0] - 0.5, -0.5)
+        marks = [("v", o + 0.5 if o > 0 else o - 0.5) for o in inside if o != 0]
+        yield name, a, extent, _limit(a[:, lo:hi]), marks, ("head", "offset key - query")
+    else:  # square: one panel per distinct head
+        heads = [h for h in range(a.shape[0]) if not any(np.array_equal(a[h], a[g]) for g in range(h))]
+        n = a.shape[1]
+        if entry.causal:  # the causal mask hides keys after the query: shown grey
+            a = np.where(np.tril(np.ones((n, n), dtype=bool)), a, np.nan)
+        for h in heads:
+            trained = a[h, :longest, :longest] if 0 < longest <= n else a[h]
+            marks = [("h", longest - 0.5), ("v", longest - 0.5)] if 0 < longest < n else []
+            label = f"head {h}" if len(heads) > 1 else "all heads"
+            yield f"{name}, {label}", a[h], (-0.5, n - 0.5, n - 0.5, -0.5), _limit(trained), marks, ("query", "key")
+
+
+def plot(arrays: Dict[str, PositionArray], out: str, title: str) -> int:
+    """Write the heatmaps to ``out`` (PNG); returns the number of panels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    panels = [p for name, entry in arrays.items() for p in _panels(name, entry)]
+    if not panels:
+        fig = plt.figure(figsize=(8, 1.2))
+        fig.text(0.5, 0.5, f"{title}\n{NOTHING}", ha="center", va="center", fontsize=10)
+    else:
+        cols = min(3, len(panels))
+        rows = math.ceil(len(panels) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(max(5.2 * cols, 8), 4.2 * rows), squeeze=False)
+        for ax in axes.flat[len(panels):]:
+            ax.axis("off")
+        longest = sorted({e.longest for e in arrays.values() if e.longest})
+        cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="0.6")
+        for ax, (name, image, extent, limit, marks, (ylabel, xlabel)) in zip(axes.flat, panels):
+            shown = ax.imshow(np.ma.masked_invalid(image), aspect="auto", cmap=cmap, vmin=-limit, vmax=limit,
+                              extent=extent, interpolation="nearest")
+            for direction, at in marks:
+                (ax.axhline if direction == "h" else ax.axvline)(at, color="k", linestyle="--", linewidth=1)
+            ax.set_title(name, fontsize=9)
+            ax.set_ylabel(ylabel, fontsize=8)
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.02)
+        sides = {side: e.longest for e in arrays.values() for side, _ in e.where}
+        note = ("dashed: the longest training input (" + ", ".join(f"{s} {n} tokens" for s, n in sides.items()) + ")"
+                if longest else "longest training input not recorded in this checkpoint")
+        if any(np.isneginf(e.array).any() or e.causal for e in arrays.values()):
+            note += "; grey: masked (-inf, or after the query in the decoder)"
+        fig.suptitle(f"{title}\n{note}", fontsize=10)
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / (4.2 * rows)))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return len(panels)
+
+
+def load_model(path: str, data: Optional[str] = None):
+    """The model of a fairseq checkpoint (an averaged one too), through fairseq's own loader."""
+    from fairseq import checkpoint_utils
+
+    overrides = {"data": data} if data else {}
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
+    return models[0], cfg
+
+
+def default_length(model) -> int:
+    """Twice the longest input trained on, or 64 when the checkpoint does not say."""
+    longest = max(int(getattr(s, "longest_trained", 0)) for s in (model.encoder, model.decoder))
+    return 2 * longest if longest else 64
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path", required=True, help="a fairseq checkpoint of transformer_posenc (averaged ones too)")
+    parser.add_argument("--out", required=True, help="the PNG to write")
+    parser.add_argument("--max-len", type=int, help="positions to show (default: twice the longest training input "
+                        "the checkpoint records, else 64); tables that end sooner (learned, DIET-ABS) end there")
+    parser.add_argument("--data", help="the data directory to read the dictionaries from, where the checkpoint's "
+                        "own (its cfg.task.data) has moved")
+    args = parser.parse_args(argv)
+    if args.max_len is not None and args.max_len < 2:
+        parser.error(f"--max-len must be at least 2, got {args.max_len}")
+    if not os.path.isfile(args.path):
+        parser.error(f"no checkpoint at {args.path}")
+
+    def fail(message):
+        parser.exit(2, f"plot_positions.py: error: {message}\n")
+
+    print(f"| loading {args.path}", file=sys.stderr)
+    try:
+        model, cfg = load_model(args.path, args.data)
+    except FileNotFoundError as e:
+        fail(f"{e} (the checkpoint's data directory, for its dictionaries: pass --data DIR if it moved)")
+    except (KeyError, RuntimeError, ValueError) as e:
+        fail(f"cannot load {args.path} as a fairseq checkpoint: {e}")
+    if not hasattr(model.encoder, "position_encoding"):
+        fail(f"{args.path} is not a transformer_posenc model (arch {cfg.model.arch})")
+    max_len = args.max_len or default_length(model)
+    encoding = cfg.model.position_encoding
+    arrays = position_arrays(model, max_len)
+    panels = plot(arrays, args.out, f"{encoding}: {os.path.basename(args.path)}, positions 0-{max_len - 1}")
+    if not arrays:
+        print(f"| {encoding}: {NOTHING}", file=sys.stderr)
+    print(f"| wrote {args.out}: {panels} panels ({', '.join(arrays) or 'none'})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+"""FLOATER's training economics (Sec. 4.4): --floater-solve-every N and --floater-lr-scale C."""
+import os
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fairseq_posenc import pipeline, toy_data
+from fairseq_posenc.compat import PosencError
+from fairseq_posenc.positions.floater_schedule import PENDING, refuse_unsupported
+from fairseq_posenc.update_hooks import announce_update, finish_update
+from tolerances import EPS32, assert_within, float32_tolerance, magnitude, transformer_terms
+from toy import TINY, build_model, full_log_probs, toy_batch, toy_dictionary
+
+ODE = "encoder.position_encoding.ode."
+
+
+def floater(*flags, seed=1):
+    return build_model("transformer_posenc", "--position-encoding", "floater", "--dropout", "0.0", *flags, seed=seed)
+
+
+def fairseq_adam(params, lr=1e-3):
+    from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
+
+    return FairseqAdam(FairseqAdamConfig(lr=[lr], adam_betas="(0.9, 0.999)"), list(params))
+
+
+def _nll(model, batch):
+    src, lengths, prev = batch
+    target = torch.roll(prev, -1, dims=1)
+    return -full_log_probs(model, src, lengths, prev).gather(-1, target[..., None]).mean()
+
+
+def _ode_state(model):
+    return {name: p.detach().clone() for name, p in model.encoder.position_encoding.ode.named_parameters()}
+
+
+BATCHES = [([6, 4], 5), ([9, 3], 4), ([5, 5], 8), ([7, 2], 6)]
+
+
+def _batch(update, p):
+    lengths, tgt = BATCHES[(2 * update + p) % len(BATCHES)]
+    return toy_batch(toy_dictionary(), lengths, tgt_len=tgt, seed=10 * update + p)
+
+
+def test_solving_every_update_is_todays_model_bit_for_bit():
+    today, explicit = floater(), floater("--floater-solve-every", "1", "--floater-lr-scale", "1")
+    ode = explicit.encoder.position_encoding.ode
+    assert ode.schedule is None and not ode.wants_finish_update  # the trainer's wrapper leaves it alone
+    assert today.state_dict().keys() == explicit.state_dict().keys()  # no pending gradient stored
+    for model in (today, explicit):
+        model.train()
+        announce_update(model, 2)
+        for p in range(2):
+            _nll(model, _batch(0, p)).backward()
+        finish_update(model, 0.5)
+    for (name, a), (_, b) in zip(today.named_parameters(), explicit.named_parameters()):
+        assert torch.equal(a, b) and torch.equal(a.grad, b.grad), name
+
+
+def test_bad_values_and_unsupported_training_are_refused():
+    with pytest.raises(PosencError, match="--floater-solve-every must be a whole number >= 1"):
+        floater("--floater-solve-every", "0")
+    with pytest.raises(PosencError, match="--floater-lr-scale must be positive"):
+        floater("--floater-lr-scale", "-2")
+
+    def trainer(workers=1, **common):
+        flags = {"fp16": False, "bf16": False, "amp": False, "memory_efficient_fp16": False, **common}
+        return SimpleNamespace(cfg=SimpleNamespace(common=SimpleNamespace(**flags)), data_parallel_world_size=workers)
+
+    refuse_unsupported(trainer())
+    for flag in ("fp16", "bf16", "amp"):
+        with pytest.raises(PosencError, match="float32 training only"):
+            refuse_unsupported(trainer(**{flag: True}))
+    with pytest.raises(PosencError, match="one training process only"):
+        refuse_unsupported(trainer(workers=2))
+
+
+@pytest.mark.numerics
+def test_the_lr_scale_is_a_reparametrisation_that_adam_steps_c_times_as_far():
+    c, lr, length = 10.0, 1e-3, 12
+    models = {scale: floater("--floater-lr-scale", str(scale)) for scale in (1.0, c)}
+    src, lengths, prev = _batch(0, 0)
+    # at init the same function: W = C (W_init / C) is W_init to one rounding of each weight, which
+    # the solve (12 positions of 5 rk4 steps of 4 evaluations, each a sum over the width) carries on
+    outs = {scale: full_log_probs(m.eval(), src, lengths, prev) for scale, m in models.items()}
+    one = models[1.0]
+    terms = transformer_terms(one, 6, 5) + length * 5 * 4 * 2 * 32
+    assert_within(outs[c], outs[1.0], float32_tolerance(terms, magnitude(outs[1.0], floor=1)), "log-probs")
+
+    moved, grads = {}, {}
+    for scale, model in models.items():
+        ode = model.encoder.position_encoding.ode
+        before = [w.detach().clone() for w in ode.dynamics.float32().weights]
+        optimizer = fairseq_adam(ode.dynamics.parameters(), lr=lr)
+        target = torch.randn(length, *ode.initial.shape, generator=torch.Generator().manual_seed(0))
+        (ode.positions(length) * target).sum().backward()
+        grads[scale] = ode.dynamics.fc1.weight.grad.clone() / scale  # the gradient on W
+        optimizer.step()
+        moved[scale] = [after.detach() - b for after, b in zip(ode.dynamics.float32().weights, before)]
+    # Adam's first step: dV = -lr g / (|g| + eps / sqrt(1 - beta2)), with g = C dL/dW for V: W = C V
+    # moves by C lr g / (|g| + eps'/C), C times the step at C = 1 up to C lr eps' / |g|, where the
+    # entries are compared (|g| above 1% of the largest, far above its rounding). Each difference
+    # of weights rounds W twice, at most C eps32 |W| each.
+    eps_adam = 1e-8 / (1 - 0.999) ** 0.5
+    g = grads[1.0].t()  # fc1's weight as the solver holds it
+    keep = g.abs() > 1e-2 * g.abs().max()
+    assert keep.sum() > 100
+    reading = 4 * c * EPS32 * magnitude(*[w for w in ode.dynamics.float32().weights])
+    tolerance = c * lr * eps_adam / g.abs()[keep].min().item() + reading
+    assert tolerance < 1e-2 * c * lr  # far below the step compared
+    assert_within(moved[c][0][keep], c * moved[1.0][0][keep], tolerance, "fc1's step")
+    assert_within(moved[1.0][0][keep].abs(), torch.full_like(g[keep], lr), lr * 1e-2, "a step of about lr at C = 1")
+
+
+def _update(model, optimizer, update, scale, passes=2):
+    """One update as fairseq's trainer runs it: the count, the announcement, the passes, the
+    scaling of every gradient and then the plugin's hook, the step."""
+    optimizer.zero_grad()
+    model.set_num_updates(update)
+    announce_update(model, passes)
+    model.train()
+    for p in range(passes):
+        _nll(model, _batch(update, p)).backward()
+    optimizer.multiply_grads(scale)
+    finish_update(model, scale)
+    grads = {name: p.grad.clone() if p.grad is not None else None
+             for name, p in model.encoder.position_encoding.ode.named_parameters()}
+    optimizer.step()
+    return grads
+
+
+@pytest.mark.numerics
+def test_the_flow_model_moves_every_n_updates_with_the_sum_of_their_gradients():
+    every, passes, updates = 3, 2, 6
+    model = floater("--floater-solve-every", str(every))
+    ode = model.encoder.position_encoding.ode
+    optimizer = fairseq_adam(model.parameters())
+    reference = floater()  # solves with autograd in every pass: the gradients by hand
+    expected = None
+    for update in range(updates):
+        scale = 1.0 / (update + 2)  # a sample size of its own for every update
+        reference.load_state_dict(model.state_dict())
+        reference.zero_grad()
+        reference.train()
+        for p in range(passes):
+            (_nll(reference, _batch(update, p)) * scale).backward()
+        ref = {name: p.grad.clone() for name, p in reference.encoder.position_encoding.ode.named_parameters()}
+        expected = ref if expected is None else {k: expected[k] + ref[k] for k in ref}
+        if update == 4:  # a validation forward mid-cycle reads the kept solution and adds no gradient
+            with torch.no_grad():
+                model.eval()(*_batch(7, 0))
+        before = _ode_state(model)
+        grads = _update(model, optimizer, update, scale, passes)
+        after = _ode_state(model)
+        if (update + 1) % every:
+            assert all(g is None for g in grads.values()), update  # Adam skips them: no momentum step
+            assert all(torch.equal(before[k], after[k]) for k in before), update
+            continue
+        # the cycle's 3 updates of 2 passes, each the model's chain (the reference's through its own
+        # solve, the schedule's through the kept one) and the ODE's backward (9 positions, 5 rk4 steps
+        # of 4 evaluations, a sum over the width each): relative to the largest gradient
+        terms = 2 * every * passes * transformer_terms(model, 9, 8) + 9 * 5 * 4 * 32
+        tolerance = float32_tolerance(terms, magnitude(*expected.values()))
+        for name in expected:
+            assert_within(grads[name], expected[name], tolerance, f"update {update}: {name}")
+        # the bound is far below one update's share: a cycle that lost one would fail it
+        assert max(ref[name].abs().max().item() for name in ref) > 10 * tolerance
+        assert all(not torch.equal(before[k], after[k]) for k in before), update
+        expected = None
+        # validation right after the flow update: the kept solution is the new parameters'
+        before_flow = ode.solution[:9].clone()
+        with torch.no_grad():
+            model.eval()(*_batch(7, 0))
+            fresh = ode._solve(ode.initial, 0, 9)
+        assert_within(ode.solution[:9], fresh, float32_tolerance(9 * 5 * 4 * 32, magnitude(fresh)), "validation")
+        assert (ode.solution[:9] - before_flow).abs().max() > 0
+
+
+def test_a_pending_gradient_is_saved_and_restored():
+    model = floater("--floater-solve-every", "3")
+    optimizer = fairseq_adam(model.parameters())
+    _update(model, optimizer, 0, 0.5)
+    state = model.state_dict()
+    pending = state[ODE + PENDING]
+    assert pending.shape[1:] == state[ODE + "initial"].shape
+    assert pending.shape[0] == state[ODE + "solution"].shape[0]  # checkpoints average like the solution
+    used = model.encoder.position_encoding.ode.schedule.pending
+    assert torch.equal(pending[: used.size(0)], used) and not pending[used.size(0):].any()
+
+    resumed = floater("--floater-solve-every", "3", seed=2)
+    resumed.load_state_dict(state)
+    assert torch.equal(resumed.encoder.position_encoding.ode.schedule.pending, used)
+    floater(seed=3).load_state_dict(state)  # a model without the schedule (decoding) drops it
+
+    _update(model, optimizer, 1, 0.5)
+    _update(model, optimizer, 2, 0.5)
+    assert not model.state_dict()[ODE + PENDING].any()  # at a cycle's end: nothing pending
+
+
+# fairseq-train with records: the ODE's parameters and gradients at every update, the kept
+# solution at every validation
+RECORD = """
+import os, sys
+import torch
+from fairseq_cli.train import cli_main
+from fairseq.trainer import Trainer
+import fairseq_posenc
+from fairseq_posenc.positions.floater import FloaterODE
+
+records, finish, valid_step = [], FloaterODE.finish_update, Trainer.valid_step
+
+def state(ode):
+    return {n: p.detach().clone() for n, p in ode.named_parameters()}
+
+def finish_update(self, scale):
+    finish(self, scale)
+    records.append({"update": self.schedule.num_updates - 1, "before": state(self),
+                    "grads": [n for n, p in self.named_parameters() if p.grad is not None]})
+
+def valid(self, *args, **kwargs):
+    out = valid_step(self, *args, **kwargs)
+    ode = self.model.encoder.position_encoding.ode
+    with torch.no_grad():
+        fresh = ode._solve(ode.initial, 0, 12)
+    records.append({"validation": self.get_num_updates(), "kept": ode.solution[:12].clone(), "fresh": fresh})
+    return out
+
+FloaterODE.finish_update, Trainer.valid_step = finish_update, valid
+sys.argv[0] = "fairseq-train"
+try:
+    cli_main()
+finally:
+    torch.save(records, os.environ["RECORDS"])
+"""
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("schedule")
+    prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (400, 3, 10), "valid": (20, 3, 10)})
+    return pipeline.preprocess(prefixes, str(root / "bin"))
+
+
+def _train(data_bin, save_dir, max_update, records):
+    command = [pipeline.executable("fairseq-train"), data_bin, "--user-dir", pipeline.USER_DIR, "--save-dir",
+               save_dir, "--arch", "transformer_posenc", "--position-encoding", "floater", "--floater-solve-every",
+               "3", "--cpu", *TINY, "--dropout", "0.1", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "200",
+               "--update-freq", "2", "--max-update", str(max_update), "--validate-interval-updates", "3",
+               "--save-interval-updates", "4", "--log-format", "simple", "--no-progress-bar", "--seed", "1",
+               "--num-workers", "0", "--no-epoch-checkpoints"]
+    run = subprocess.run([sys.executable, "-c", RECORD, *command[1:]], capture_output=True, text=True,
+                         env={**os.environ, "RECORDS": records})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return torch.load(records)
+
+
+def test_fairseq_train_moves_the_flow_model_every_n_updates_and_resumes_mid_cycle(data_bin, tmp_path):
+    records = _train(data_bin, str(tmp_path / "whole"), 8, str(tmp_path / "whole.pt"))
+    updates = [r for r in records if "update" in r]
+    assert [r["update"] for r in updates] == list(range(8))
+    for r, following in zip(updates, updates[1:]):
+        moved = [n for n in r["before"] if not torch.equal(r["before"][n], following["before"][n])]
+        if (r["update"] + 1) % 3:
+            assert r["grads"] == [] and moved == [], r["update"]
+        else:  # h and the initial states, all of them, at updates 3 and 6 (fairseq's count from 1)
+            assert sorted(r["grads"]) == sorted(r["before"]) and sorted(moved) == sorted(r["before"]), r["update"]
+    validations = [r for r in records if "validation" in r]
+    # every 3 updates, right after the flow updates, and before the checkpoint of update 4 (mid-cycle)
+    assert {3, 4, 6} <= {v["validation"] for v in validations}
+    for v in validations:
+        # 12 positions of 5 rk4 steps of 4 evaluations, a sum over the width each
+        assert_within(v["kept"], v["fresh"], float32_tolerance(12 * 5 * 4 * 32, magnitude(v["fresh"])))
+
+    # stopped after update 4, one update into the cycle of updates 4-6, and resumed; once more with
+    # the pending gradient removed from the checkpoint (what a resume without it would do)
+    split, dropped = str(tmp_path / "split"), str(tmp_path / "dropped")
+    _train(data_bin, split, 4, str(tmp_path / "first.pt"))
+    shutil.copytree(split, dropped)
+    saved = torch.load(os.path.join(split, "checkpoint_last.pt"))
+    assert saved["model"][ODE + PENDING].abs().max() > 0
+    del saved["model"][ODE + PENDING]
+    torch.save(saved, os.path.join(dropped, "checkpoint_last.pt"))
+    for save_dir in (split, dropped):
+        _train(data_bin, save_dir, 8, str(tmp_path / "second.pt"))
+
+    def differences(save_dir):
+        whole = torch.load(str(tmp_path / "whole" / "checkpoint_last.pt"))["model"]
+        resumed = torch.load(os.path.join(save_dir, "checkpoint_last.pt"))["model"]
+        return {name: (resumed[name] - whole[name]).abs().max().item() for name in whole
+                if name.endswith(".weight") or name == ODE + "initial"}
+
+    resumed, without = differences(split), differences(dropped)
+    # fairseq's resume is not bit for bit here (every weight moves by float32 rounding, ~1e-8):
+    # h and the initial states resumed with their pending gradient are no further off than any
+    # other weight, and 100 times closer than without it (an Adam step of lr = 1e-3 on a gradient
+    # that lacks one update of three)
+    floor = max(d for name, d in resumed.items() if not name.startswith(ODE))
+    for name in resumed:
+        if name.startswith(ODE):
+            assert resumed[name] <= floor < without[name] / 100, (name, resumed[name], floor, without[name])
