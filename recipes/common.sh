@@ -172,7 +172,7 @@ _preprocess() {
   rm -rf "$WORK/data-bin.tmp"
   fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" --trainpref "$WORK/train" \
     --validpref "$WORK/valid" --testpref "$WORK/test" --destdir "$WORK/data-bin.tmp" \
-    --joined-dictionary --workers "$WORKERS" > "$WORK/preprocess.log" 2>&1 \
+    $([ "${JOINED_DICTIONARY:-1}" = 1 ] && echo --joined-dictionary) --workers "$WORKERS" > "$WORK/preprocess.log" 2>&1 \
     || { tail -20 "$WORK/preprocess.log" >&2; die "fairseq-preprocess failed (log: $WORK/preprocess.log)"; }
   rm -rf "$WORK/data-bin" && mv "$WORK/data-bin.tmp" "$WORK/data-bin"
   cat > "$WORK/corpus.env" <<EOF
@@ -267,12 +267,42 @@ parse_run_args() {
   done
 }
 
+# the encodings trained with FLOATER's warm-start protocol (recipes/floater/train.sh): FLOATER and
+# the RNN position encoders of its Table 6, which take FLOATER's place in the same blocks
+warm_started() { case "$1" in floater|rnn) return 0 ;; *) return 1 ;; esac; }
+
+# ENC in the results label, with the RNN's form (Table 6's rows are one ENC, told apart by flags)
+encoding_label() {
+  local form=""
+  # shellcheck disable=SC2086
+  [ "$ENC" = rnn ] && form=$(printf '%s\n' $MODEL_FLAGS $EXTRA_FLAGS | awk '/^--rnn-/ { f = $0; next } f { printf "%s%s=%s", sep, substr(f, 3), $0; sep = ","; f = "" }')
+  echo "$ENC${form:+($form)}"
+}
+
 # what differs between the corpora of the recipes (keyed by the corpus's RECIPE, so that the
 # extrapolation recipe on an En-Fr corpus gets En-Fr's)
 recipe_defaults() {
   case "$RECIPE" in
     wmt14_en_fr) BIG_DROPOUT="${BIG_DROPOUT:-0.1}"     # Vaswani et al.: big En-Fr used dropout 0.1
                  FLOATER_EPOCHS="${FLOATER_EPOCHS:-1}" ;; # FLOATER trained En-Fr one epoch after the warm start
+    # fairseq's IWSLT'14 example (examples/translation/README.md): transformer_iwslt_de_en, separate
+    # dictionaries with the decoder's input and output embeddings shared, weight decay 1e-4, Adam's
+    # own eps and no warmup-init lr (both fairseq's defaults), fp32, 4096 tokens an update on one GPU
+    iwslt14_de_en)
+      DEFAULT_ARCH=iwslt
+      SHARE_EMBEDDINGS="${SHARE_EMBEDDINGS:-decoder}"
+      WEIGHT_DECAY="${WEIGHT_DECAY:-0.0001}"
+      ADAM_EPS="${ADAM_EPS-}"              # empty: fairseq's default, 1e-8
+      WARMUP_INIT_LR="${WARMUP_INIT_LR-}"  # empty: fairseq's default, the warmup starts from 0
+      DEFAULT_DEVICE_FLAGS=""
+      BATCH_TOKENS="${BATCH_TOKENS:-4096}" BATCH_SOURCE="fairseq's IWSLT example's"
+      # fairseq's wps on one GPU for this model in fp32: an assumption (no GPU was lent to measure it)
+      TOKENS_PER_SECOND="${TOKENS_PER_SECOND:-25000}"
+      local note="TOKENS_PER_SECOND=$TOKENS_PER_SECOND target tokens a second is an assumption for fp32 on one"
+      SPEED_NOTE="${SPEED_NOTE:-$note V100/A100-class GPU, not a measurement: set it from the wps of train.log}"
+      # recipes/floater/train.sh (ENC=floater) is another process with its own RECIPE: it inherits these
+      export DEFAULT_ARCH SHARE_EMBEDDINGS WEIGHT_DECAY ADAM_EPS WARMUP_INIT_LR DEFAULT_DEVICE_FLAGS BATCH_TOKENS \
+        BATCH_SOURCE TOKENS_PER_SECOND SPEED_NOTE ;;
   esac
 }
 
@@ -280,20 +310,23 @@ recipe_defaults() {
 set_training_defaults() {
   recipe_defaults
   ENC="${ENC:-sinusoidal}"
-  ARCH="${ARCH:-base}"
+  ARCH="${ARCH:-${DEFAULT_ARCH:-base}}"
   case "$ARCH" in
     base) SUFFIX=wmt_en_de; DEFAULT_DROPOUT=0.1; DEFAULT_LR=7e-4; DEFAULT_MAX_UPDATE=100000; DEFAULT_AVERAGE=5 ;;
     big) SUFFIX=wmt_en_de_big; DEFAULT_DROPOUT="${BIG_DROPOUT:-0.3}"; DEFAULT_LR=5e-4; DEFAULT_MAX_UPDATE=300000
          DEFAULT_AVERAGE=20 ;;
-    *) die "ARCH must be base or big, got '$ARCH'" ;;
+    # fairseq's transformer_iwslt_de_en; 50k updates of 4096 tokens and the last 10 checkpoints
+    # averaged: Wu et al.'s IWSLT'14 De-En budget ("Pay Less Attention", 2019, fairseq's authors)
+    iwslt) SUFFIX=iwslt_de_en; DEFAULT_DROPOUT=0.3; DEFAULT_LR=5e-4; DEFAULT_MAX_UPDATE=50000; DEFAULT_AVERAGE=10 ;;
+    *) die "ARCH must be base, big or iwslt, got '$ARCH'" ;;
   esac
-  [ "$ENC" = floater ] && DEFAULT_AVERAGE=5  # FLOATER's paper averages the last 5, base and big
+  warm_started "$ENC" && DEFAULT_AVERAGE=5  # FLOATER's paper averages the last 5, base and big
   DROPOUT="${DROPOUT:-$DEFAULT_DROPOUT}"
   LR="${LR:-$DEFAULT_LR}"
   MAX_EPOCH="${MAX_EPOCH:-}"
   # FLOATER's Appendix B.2 trains the vanilla model 30 epochs (for En-De and En-Fr alike) before
   # the warm start; MAX_UPDATE, if given, can stop it earlier
-  [ "$ENC" = floater ] && MAX_EPOCH="${MAX_EPOCH:-${VANILLA_EPOCHS:-30}}"
+  warm_started "$ENC" && MAX_EPOCH="${MAX_EPOCH:-${VANILLA_EPOCHS:-30}}"
   # MAX_EPOCH alone stops at that epoch; MAX_UPDATE (100k base, 300k big) otherwise
   if [ -n "$MAX_EPOCH" ]; then MAX_UPDATE="${MAX_UPDATE:-}"; else MAX_UPDATE="${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}"; fi
   AVERAGE="${AVERAGE:-$DEFAULT_AVERAGE}"
@@ -307,16 +340,29 @@ set_training_defaults() {
   NUM_GPUS="${NUM_GPUS:-auto}"        # the GPUs fairseq will use (auto: what torch sees)
   # precision on a GPU: --fp16 (default), --bf16, --amp, --memory-efficient-fp16, ...
   # (DEVICE_FLAGS="" set but empty: fp32 on the GPU)
-  if [ "$DEVICE" = cpu ]; then DEVICE_FLAGS="${DEVICE_FLAGS:-}"; else DEVICE_FLAGS="${DEVICE_FLAGS---fp16}"; fi
+  if [ "$DEVICE" = cpu ]; then DEVICE_FLAGS="${DEVICE_FLAGS:-}"; else DEVICE_FLAGS="${DEVICE_FLAGS-${DEFAULT_DEVICE_FLAGS---fp16}}"; fi
   FLOATER_EPOCHS="${FLOATER_EPOCHS:-10}"  # FLOATER's second stage: 10 epochs for En-De, 1 for En-Fr
   FLOATER_MAX_UPDATE="${FLOATER_MAX_UPDATE:-}"
-  OUT="${OUT:-runs/$RECIPE/$ENC-$ARCH}"
+  # FLOATER's Table 2: the position encoder at every block or at the input block only
+  # (--position-blocks). The encoding's own default is the run without it: sinusoidal and learned
+  # are input-only, FLOATER at every block (fairseq_posenc/positions); the other form is its own
+  # run, its own default OUT.
+  POSITION_BLOCKS="${POSITION_BLOCKS:-}"
+  case "$ENC:$POSITION_BLOCKS" in
+    *:|sinusoidal:input|learned:input|floater:all|rnn:all) POSITION_BLOCKS="" ;;
+    sinusoidal:all|learned:all|floater:input|rnn:input) ;;
+    *:input|*:all) die "POSITION_BLOCKS=$POSITION_BLOCKS: ENC=$ENC has no position encoder to place (sinusoidal, learned, floater and rnn have)" ;;
+    *) die "POSITION_BLOCKS must be input or all, got '$POSITION_BLOCKS'" ;;
+  esac
+  POSITION_BLOCK_FLAGS="${POSITION_BLOCKS:+--position-blocks $POSITION_BLOCKS}"
+  OUT="${OUT:-runs/$RECIPE/$ENC${POSITION_BLOCKS:+-$POSITION_BLOCKS}-$ARCH}"
 }
 
 # where the checkpoints to average are: FLOATER's protocol writes OUT/vanilla then OUT/floater
+# (OUT/rnn for the RNN encoders)
 # (CKPT_DIR names another: FLOATER's control, OUT/vanilla_continued)
 checkpoint_dir() {
-  if [ -n "${CKPT_DIR:-}" ]; then echo "$CKPT_DIR"; elif [ "$ENC" = floater ]; then echo "$OUT/floater"; else echo "$OUT"; fi
+  if [ -n "${CKPT_DIR:-}" ]; then echo "$CKPT_DIR"; elif warm_started "$ENC"; then echo "$OUT/$ENC"; else echo "$OUT"; fi
 }
 
 # plan_training DATA_BIN: scripts/train_plan.py prints the plan (devices, the world of every node,
@@ -329,17 +375,19 @@ plan_training() {
   local data_bin=$1 plan_env
   plan_env="$(mktemp)"
   local stages=(--stage "${STAGE_NAME:-train}" "${MAX_UPDATE:--}" "${MAX_EPOCH:--}")
-  [ "$ENC" = floater ] && stages=(--stage vanilla "${MAX_UPDATE:--}" "${MAX_EPOCH:--}"
-                                  --stage floater "${FLOATER_MAX_UPDATE:--}" "${FLOATER_EPOCHS:--}"
+  warm_started "$ENC" && stages=(--stage vanilla "${MAX_UPDATE:--}" "${MAX_EPOCH:--}"
+                                  --stage "$ENC" "${FLOATER_MAX_UPDATE:--}" "${FLOATER_EPOCHS:--}"
                                   --baseline-updates "${BASELINE_UPDATES:-${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}}")
-  [ "$ENC" = floater ] && [ "${VANILLA_CONTINUED:-0}" = 1 ] && stages+=(--control-stage vanilla_continued)
+  warm_started "$ENC" && [ "${VANILLA_CONTINUED:-0}" = 1 ] && stages+=(--control-stage vanilla_continued)
   echo "== plan for $ENC-$ARCH on $data_bin"
   "$PYTHON" "$SCRIPTS/train_plan.py" plan --data-bin "$data_bin" --arch "$ARCH" --model-flags "$MODEL_FLAGS" \
     "${stages[@]}" --average "$AVERAGE" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --max-tokens "$MAX_TOKENS" \
     --update-freq "$UPDATE_FREQ" --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
     --nnodes "${NNODES:-1}" --node-rank "${NODE_RANK:-0}" --nproc-per-node "${NPROC_PER_NODE:-auto}" \
     --master-addr "${MASTER_ADDR:-}" --master-port "${MASTER_PORT:-}" --launch-id "${LAUNCH_ID:-}" --out "${OUT:-}" \
-    $([ "${ALLOW_BATCH:-0}" = 1 ] && echo --allow-batch) \
+    $([ "${ALLOW_BATCH:-0}" = 1 ] && echo --allow-batch) ${BATCH_TOKENS:+--batch-target "$BATCH_TOKENS"} \
+    ${BATCH_SOURCE:+--batch-source "$BATCH_SOURCE"} ${TOKENS_PER_SECOND:+--tokens-per-second "$TOKENS_PER_SECOND"} \
+    ${SPEED_NOTE:+--speed-note "$SPEED_NOTE"} \
     $([ "${ALLOW_LOW_DISK:-0}" = 1 ] || [ "${DRY_RUN:-0}" = 1 ] && echo --allow-low-disk) \
     --env-out "$plan_env" | sed 's/^/   /' || { rm -f "$plan_env"; exit 2; }
   # shellcheck disable=SC1090
@@ -357,6 +405,11 @@ run_settings() {
   printf '%s\n' "enc=$ENC" "arch=$ARCH" "lr=$LR" "dropout=$DROPOUT" "warmup=$WARMUP" "max_tokens=$MAX_TOKENS" \
     "save_interval=$SAVE_INTERVAL_UPDATES" "precision=$DEVICE_FLAGS" "model_flags=$MODEL_FLAGS" \
     "extra_flags=$EXTRA_FLAGS" "data=$("$PYTHON" "$SCRIPTS/steps.py" fingerprint --training-data "$1")"
+  # checkpoint_best.pt by validation BLEU is another run than by loss (absent unless asked: a WMT
+  # run's settings stay what they were)
+  if [ "${EVAL_BLEU:-0}" = 1 ]; then echo "eval_bleu=1"; fi
+  # the encoding's non-default form only (the default's settings stay what they were)
+  if [ -n "${POSITION_BLOCKS:-}" ]; then echo "position_blocks=$POSITION_BLOCKS"; fi
 }
 
 # train_stage SAVE_DIR AFTER_DIR MAX_UPDATE MAX_EPOCH SETTING... -- FAIRSEQ_TRAIN_ARGS...
@@ -390,14 +443,37 @@ train_stage() {
   fi
 }
 
-# the Scaling NMT flags every recipe trains with (Ott et al., 2018), into the array FAIRSEQ_FLAGS
+# the Scaling NMT flags every recipe trains with (Ott et al., 2018), into the array FAIRSEQ_FLAGS;
+# what recipe_defaults sets per corpus (IWSLT: fairseq's example) replaces the WMT values:
+# SHARE_EMBEDDINGS all|decoder, ADAM_EPS (1e-9; empty: Adam's default), WARMUP_INIT_LR (1e-07;
+# empty: fairseq's default), WEIGHT_DECAY (0.0)
 scaling_nmt_flags() {
-  FAIRSEQ_FLAGS=(--user-dir "$USER_DIR" --share-all-embeddings
-    --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-9 --clip-norm 0.0
-    --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07
-    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --weight-decay 0.0 --dropout "$DROPOUT"
+  local share=(--share-all-embeddings) eps=() init=()
+  case "${SHARE_EMBEDDINGS:-all}" in
+    all) ;;
+    decoder) share=(--share-decoder-input-output-embed) ;;
+    *) die "SHARE_EMBEDDINGS must be all or decoder, got '$SHARE_EMBEDDINGS'" ;;
+  esac
+  [ -n "${ADAM_EPS-1e-9}" ] && eps=(--adam-eps "${ADAM_EPS-1e-9}")
+  [ -n "${WARMUP_INIT_LR-1e-07}" ] && init=(--warmup-init-lr "${WARMUP_INIT_LR-1e-07}")
+  FAIRSEQ_FLAGS=(--user-dir "$USER_DIR" "${share[@]}"
+    --optimizer adam --adam-betas '(0.9, 0.98)' "${eps[@]}" --clip-norm 0.0
+    --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" "${init[@]}"
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --weight-decay "${WEIGHT_DECAY:-0.0}" --dropout "$DROPOUT"
     --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --save-interval-updates "$SAVE_INTERVAL_UPDATES"
     --no-epoch-checkpoints --no-progress-bar --log-interval 100 --log-format simple)
+  # EVAL_BLEU=1: checkpoint_best.pt by validation BLEU, decoded in process at every validation, as
+  # fairseq's IWSLT example (in-process decoding sees the current position tables of every
+  # encoding: tests/test_pipeline_consistency.py). The beam is the test's (EVAL_BEAM, 5) and the
+  # length limit the test decode's, 1.5 x source + 50, not the example's 1.2 x + 10: selection
+  # would otherwise favour a model on outputs the test decode would not cut
+  if [ "${EVAL_BLEU:-0}" = 1 ]; then
+    local remove=(--eval-bleu-remove-bpe)
+    [ "${BPE:-subword-nmt}" = sentencepiece ] && remove=(--eval-bleu-remove-bpe sentencepiece)
+    FAIRSEQ_FLAGS+=(--eval-bleu --eval-bleu-args "{\"beam\": ${EVAL_BEAM:-5}, \"max_len_a\": 1.5, \"max_len_b\": 50}"
+      --eval-bleu-detok moses "${remove[@]}" --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
+    [ "${TGT:-en}" = en ] || FAIRSEQ_FLAGS+=(--eval-bleu-detok-args "{\"target_lang\": \"$TGT\"}")
+  fi
 }
 
 # launch_fairseq_train SAVE_DIR ARGS...: fairseq-train ARGS --save-dir SAVE_DIR with the plan's
@@ -429,29 +505,37 @@ launch_fairseq_train() {
 train_model() {
   local data_bin=$1
   ls "$data_bin"/dict.*.txt > /dev/null 2>&1 || die "no fairseq dictionary in $data_bin: run prepare.sh first"
-  if [ "$ENC" = floater ]; then  # it plans its two stages itself
-    echo "== FLOATER: the paper's warm-start protocol (recipes/floater/train.sh) -> $OUT"
-    DATA_BIN="$data_bin" OUT="$OUT" ARCH="$ARCH" LR="$LR" MAX_TOKENS="$MAX_TOKENS" UPDATE_FREQ="$UPDATE_FREQ" \
+  if warm_started "$ENC"; then  # it plans its two stages itself
+    echo "== $ENC: FLOATER's warm-start protocol (recipes/floater/train.sh) -> $OUT"
+    ENC="$ENC" DATA_BIN="$data_bin" OUT="$OUT" ARCH="$ARCH" LR="$LR" MAX_TOKENS="$MAX_TOKENS" UPDATE_FREQ="$UPDATE_FREQ" \
       AVERAGE="$AVERAGE" MAX_UPDATE="$MAX_UPDATE" MAX_EPOCH="$MAX_EPOCH" WARMUP="$WARMUP" DROPOUT="$DROPOUT" \
       SAVE_INTERVAL_UPDATES="$SAVE_INTERVAL_UPDATES" DEVICE="$DEVICE" NUM_GPUS="$NUM_GPUS" DEVICE_FLAGS="$DEVICE_FLAGS" \
       FLOATER_EPOCHS="$FLOATER_EPOCHS" FLOATER_MAX_UPDATE="$FLOATER_MAX_UPDATE" MODEL_FLAGS="$MODEL_FLAGS" \
-      VANILLA_CONTINUED="${VANILLA_CONTINUED:-0}" \
+      VANILLA_CONTINUED="${VANILLA_CONTINUED:-0}" POSITION_BLOCKS="$POSITION_BLOCKS" \
       EXTRA_FLAGS="$EXTRA_FLAGS" DRY_RUN="${DRY_RUN:-0}" bash "$ROOT/recipes/floater/train.sh"
     return
   fi
   local settings; mapfile -t settings < <(run_settings "$data_bin")
   plan_training "$data_bin"
-  if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained (device flags: ${TRAIN_DEVICE_FLAGS:-none})"; return 0; fi
+  scaling_nmt_flags
+  # shellcheck disable=SC2206
+  local train_args=("$data_bin" "${FAIRSEQ_FLAGS[@]}" --arch "transformer_${ENC}_$SUFFIX" --lr "$LR"
+    ${MAX_UPDATE:+--max-update $MAX_UPDATE} ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} --keep-interval-updates "$AVERAGE"
+    $POSITION_BLOCK_FLAGS $MODEL_FLAGS $EXTRA_FLAGS)
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    echo "== --dry-run: nothing trained (device flags: ${TRAIN_DEVICE_FLAGS:-none})"
+    # one line a shell can run again (what launch_fairseq_train adds included)
+    echo "== --dry-run: would run ${TRAIN_LAUNCHER:+$TRAIN_LAUNCHER }fairseq-train $(printf '%q ' "${train_args[@]}" \
+      --save-dir "$OUT")${TRAIN_DEVICE_FLAGS}"
+    return 0
+  fi
   mkdir -p "$OUT"
   # what evaluate.sh checks the last checkpoint against
   [ "${FIRST_NODE:-1}" = 1 ] && printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$MAX_UPDATE" "$MAX_EPOCH" > "$OUT/train.env"
+  [ "${FIRST_NODE:-1}" = 1 ] && [ "${EVAL_BLEU:-0}" = 1 ] && echo "TRAINED_BEST_METRIC=bleu" >> "$OUT/train.env"
   echo "== fairseq-train --arch transformer_${ENC}_$SUFFIX: lr $LR, dropout $DROPOUT, max tokens $MAX_TOKENS x $UPDATE_FREQ," \
     "${MAX_EPOCH:+$MAX_EPOCH epochs / }${MAX_UPDATE:+$MAX_UPDATE updates }-> $OUT on $DEVICE_DESC (log: $OUT/train.log)"
-  scaling_nmt_flags
-  # shellcheck disable=SC2086
-  train_stage "$OUT" "" "$MAX_UPDATE" "$MAX_EPOCH" "${settings[@]}" -- "$data_bin" "${FAIRSEQ_FLAGS[@]}" \
-    --arch "transformer_${ENC}_$SUFFIX" --lr "$LR" ${MAX_UPDATE:+--max-update $MAX_UPDATE} \
-    ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} --keep-interval-updates "$AVERAGE" $MODEL_FLAGS $EXTRA_FLAGS
+  train_stage "$OUT" "" "$MAX_UPDATE" "$MAX_EPOCH" "${settings[@]}" -- "${train_args[@]}"
 }
 
 # check_finished: the last checkpoint reached what train.sh was asked for, or ALLOW_UNFINISHED=1
@@ -494,8 +578,14 @@ average_and_generate() {
   esac
   local ckpt; ckpt="$(checkpoint_dir)"
   local averaged="$ckpt/averaged_last$AVERAGE.pt"
-  echo "== averaging the last $AVERAGE interval checkpoints of $ckpt on the CPU -> $averaged"
-  [ "${DRY_RUN:-0}" = 1 ] || "$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$ckpt" --num-update-checkpoints "$AVERAGE" --output "$averaged"
+  if [ "${CHECKPOINT:-average}" = best ]; then
+    averaged="$ckpt/checkpoint_best.pt"
+    echo "== CHECKPOINT=best: $averaged (best by validation $(best_metric), not averaged)"
+    [ "${DRY_RUN:-0}" = 1 ] || [ -f "$averaged" ] || die "no $averaged: has training run?"
+  else
+    echo "== averaging the last $AVERAGE interval checkpoints of $ckpt on the CPU -> $averaged"
+    [ "${DRY_RUN:-0}" = 1 ] || "$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$ckpt" --num-update-checkpoints "$AVERAGE" --output "$averaged"
+  fi
   local device_env; device_env="$(mktemp)"
   "$PYTHON" "$SCRIPTS/train_plan.py" device --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
     --env-out "$device_env" > /dev/null || { rm -f "$device_env"; exit 2; }
@@ -531,6 +621,21 @@ average_and_generate() {
   fi
 }
 
+# what checkpoint_best.pt is best by: validation BLEU where train.sh ran with EVAL_BLEU=1, else loss
+best_metric() {
+  if grep -qs "^TRAINED_BEST_METRIC=bleu" "$OUT/train.env"; then echo bleu; else echo loss; fi
+}
+
+# the results label's checkpoint: avg=N (the last N interval checkpoints averaged, the default) or
+# ckpt=best-by-bleu / best-by-loss (CHECKPOINT=best)
+checkpoint_label() {
+  case "${CHECKPOINT:-average}" in
+    average) echo "avg=$AVERAGE" ;;
+    best) echo "ckpt=best-by-$(best_metric)" ;;
+    *) die "CHECKPOINT must be average (the last AVERAGE interval checkpoints) or best (checkpoint_best.pt), got '$CHECKPOINT'" ;;
+  esac
+}
+
 remove_bpe_flag() { if [ "$BPE" = sentencepiece ]; then echo "--remove-bpe=sentencepiece"; else echo "--remove-bpe"; fi; }
 
 evaluate_model() {
@@ -539,21 +644,24 @@ evaluate_model() {
   LENPEN_FORM="${LENPEN_FORM:-fairseq}"
   RESULTS="${RESULTS:-results/$RECIPE.txt}"
   local gen="$OUT/generate.$TEST_NAME.txt"
+  checkpoint_label > /dev/null
   check_finished
   average_and_generate "$DATA/data-bin" test "$gen" "$(remove_bpe_flag)"
   [ "${DRY_RUN:-0}" = 1 ] && return 0
   echo "== BLEU on $TEST_NAME -> $RESULTS"
-  "$PYTHON" "$SCRIPTS/score_translation.py" score --generation "$gen" --lang "$TGT" --ref "$DATA/test.raw.$TGT" \
-    --label "$RECIPE $SRC-$TGT enc=$ENC arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM avg=$AVERAGE$UNFINISHED" \
+  # shellcheck disable=SC2086
+  "$PYTHON" "$SCRIPTS/score_translation.py" score --generation "$gen" --lang "$TGT" --ref "$DATA/test.raw.$TGT" ${SCORE_FLAGS:-} \
+    --label "$RECIPE $SRC-$TGT enc=$(encoding_label)${POSITION_BLOCKS:+ blocks=$POSITION_BLOCKS}${SEED:+ seed=$SEED} arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM $(checkpoint_label)$UNFINISHED" \
     --results "$RESULTS" --json "$OUT/bleu.$TEST_NAME.json"
   # FLOATER's control (VANILLA_CONTINUED=1 at training), scored beside it: FLOATER's difference
   # from it is what FLOATER does, its difference from the baseline also holds the extra updates
-  if [ "$ENC" = floater ] && [ -f "$OUT/vanilla_continued/checkpoint_last.pt" ]; then
+  if warm_started "$ENC" && [ -f "$OUT/vanilla_continued/checkpoint_last.pt" ]; then
     local control="$OUT/vanilla_continued"
     CKPT_DIR="$control" average_and_generate "$DATA/data-bin" test "$control/generate.$TEST_NAME.txt" "$(remove_bpe_flag)"
     echo "== BLEU of FLOATER's control (the vanilla model trained on with FLOATER's schedule) -> $RESULTS"
-    "$PYTHON" "$SCRIPTS/score_translation.py" score --generation "$control/generate.$TEST_NAME.txt" --lang "$TGT" \
+    # shellcheck disable=SC2086
+    "$PYTHON" "$SCRIPTS/score_translation.py" score --generation "$control/generate.$TEST_NAME.txt" --lang "$TGT" ${SCORE_FLAGS:-} \
       --ref "$DATA/test.raw.$TGT" --results "$RESULTS" --json "$control/bleu.$TEST_NAME.json" \
-      --label "$RECIPE $SRC-$TGT enc=vanilla_continued(control of floater) arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM avg=$AVERAGE$UNFINISHED"
+      --label "$RECIPE $SRC-$TGT enc=vanilla_continued(control of $ENC) arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM $(checkpoint_label)$UNFINISHED"
   fi
 }

@@ -21,6 +21,11 @@ appended to ``--results`` (atomically, under a lock, so parallel runs do not int
   WMT18 en-de is split and de-en, en-cs, cs-en are not. The results line says which was done:
   "(compound split, tokenize none)" or "(no compound split, tokenize none)".
 
+``--lowercase`` scores as IWSLT'14 is reported, where fairseq's prepare-iwslt14.sh lowercases
+everything: SacreBLEU case-insensitive (``-lc``, signature ``case:lc``) against the raw,
+mixed-case references, and tokenized BLEU on the lowercased tokens against the lowercased
+tokenized references (the T- lines; what fairseq-generate's own BLEU prints on that corpus).
+
     python scripts/score_translation.py detok-generation --generation gen.txt --lang de \\
         --bpe subword_nmt --out gen.detok.txt
 
@@ -98,17 +103,21 @@ def cmd_score(args):
         refs_detok = [detokenize_line(args.lang, t) for t in generation.references]
     write_text_atomically(args.generation + ".detok", "".join(h + "\n" for h in hyps_detok))
 
-    sacre = BLEU()
+    sacre = BLEU(lowercase=args.lowercase)
     sacre_score = sacre.corpus_score(hyps_detok, [refs_detok])
     split = splits_compounds(args.lang)
     prepare = compound_split if split else (lambda line: line)
+    if args.lowercase:
+        prepare = (lambda line: compound_split(line.lower())) if split else str.lower
     tok = BLEU(tokenize="none", force=True)
     tok_score = tok.corpus_score([prepare(h) for h in generation.hypotheses],
                                  [[prepare(t) for t in generation.references]])
     how = "compound split" if split else "no compound split"
+    cased = ", lowercased" if args.lowercase else ""
+    how += cased
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     head = f"{stamp} | {args.label} | {len(ids)} sentences"
-    lines = [f"{head} | SacreBLEU {sacre_score.score:.2f} (detokenized) | {sacre.get_signature()}",
+    lines = [f"{head} | SacreBLEU {sacre_score.score:.2f} (detokenized{cased}) | {sacre.get_signature()}",
              f"{head} | tokenized BLEU {tok_score.score:.2f} ({how}, tokenize none) | "
              + str(tok_score).split("=", 1)[1].split(" ", 2)[2]]
     append_atomically(args.results, lines)
@@ -116,7 +125,7 @@ def cmd_score(args):
         write_text_atomically(args.json, json.dumps(
             {"label": args.label, "sentences": len(ids), "sacrebleu": round(sacre_score.score, 2),
              "signature": str(sacre.get_signature()), "tokenized_bleu": round(tok_score.score, 2),
-             "compound_split": split}))
+             "compound_split": split, "lowercase": args.lowercase}))
     print("\n".join(lines))
 
 
@@ -147,6 +156,8 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--label", required=True, help="what was scored, for the results line")
     p.add_argument("--results", required=True, help="file to append the two result lines to")
     p.add_argument("--json", help="also write the scores here")
+    p.add_argument("--lowercase", action="store_true",
+                   help="case-insensitive, as IWSLT'14 is reported: SacreBLEU -lc and lowercased tokenized BLEU")
     p.set_defaults(fn=cmd_score)
     p = sub.add_parser("detok-generation", help="S- lines kept, H-/T- lines BPE-removed and detokenized")
     p.add_argument("--generation", required=True)

@@ -58,6 +58,20 @@ def tokenize_test_line(args) -> str:
     return tokenizer.tokenize(line.replace("\u2019", "'"), aggressive_dash_splits=True, return_str=True, escape=True)
 
 
+def tokenize_plain_line(args) -> str:
+    """A line as fairseq's prepare-iwslt14.sh makes it: Moses' tokenizer without -a and without
+    punctuation normalisation (escaping on, as tokenizer.perl's default)."""
+    lang, line = args
+    _, tokenizer, _ = _tools(lang)
+    return tokenizer.tokenize(line, aggressive_dash_splits=False, return_str=True, escape=True)
+
+
+def tokenize_plain_test_line(args) -> str:
+    """An IWSLT test line: ’ -> ' (prepare-iwslt14.sh's sed), then the tokenizer without -a."""
+    lang, line = args
+    return tokenize_plain_line((lang, line.replace("\u2019", "'")))
+
+
 def detokenize_line(lang: str, line: str) -> str:
     _, _, detokenizer = _tools(lang)
     return detokenizer.detokenize(line.replace(" @-@ ", "-").replace("@-@", "-").split(), unescape=True)
@@ -97,9 +111,20 @@ def keep_pair(n_src: int, n_tgt: int, min_len: int, max_len: int, ratio: float) 
 def cmd_tokenize(args):
     # streamed: a training corpus (giga-fren's 22M lines) is never held in memory
     jobs = ((args.lang, line) for line in stdin_lines())
+    if args.plain:
+        fn = tokenize_plain_test_line if args.test_set else tokenize_plain_line
+    else:
+        fn = tokenize_test_line if args.test_set else tokenize_line
     with Pool(args.workers) if args.workers > 1 else _Serial() as pool:
-        for line in pool.imap(tokenize_test_line if args.test_set else tokenize_line, jobs, chunksize=1000):
+        for line in pool.imap(fn, jobs, chunksize=1000):
             sys.stdout.write(line + "\n")
+
+
+def cmd_lowercase(args):
+    # Moses' lowercase.perl is Perl's lc on UTF-8 text: Python's str.lower() agrees on the
+    # letters of German and English text
+    for line in stdin_lines():
+        sys.stdout.write(line.lower() + "\n")
 
 
 def cmd_detokenize(args):
@@ -185,7 +210,11 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--test-set", action="store_true",
                    help="as fairseq's scripts treat the test set: straighten ’ and tokenize, nothing else")
+    p.add_argument("--plain", action="store_true",
+                   help="as fairseq's prepare-iwslt14.sh: no punctuation normalisation, dashes not split (no -a)")
     p.set_defaults(fn=cmd_tokenize)
+    p = sub.add_parser("lowercase", help="stdin -> stdout, as Moses' lowercase.perl")
+    p.set_defaults(fn=cmd_lowercase)
     p = sub.add_parser("detokenize", help="stdin -> stdout")
     p.add_argument("--lang", required=True)
     p.set_defaults(fn=cmd_detokenize)

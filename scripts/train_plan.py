@@ -22,7 +22,12 @@ Tokens per update: every process takes its own batches of --max-tokens and --upd
 make an update, so one update holds about max_tokens x world x update_freq tokens. With both auto
 that is kept within 0.1% of 32768 padded tokens (8 x 4096, the ~25k source + 25k target tokens of
 Vaswani et al.) at any world size; a given --max-tokens (or a longest pair above what the world
-allows) states its deviation and is refused past 5% unless --allow-batch.
+allows) states its deviation and is refused past 5% unless --allow-batch. --batch-target sets
+another target: IWSLT'14 trains at fairseq's example's 4096 (one GPU, update-freq 1).
+
+Time and memory (--tokens-per-second, IWSLT's plan): the updates x this corpus's target tokens
+an update / an assumed speed (fairseq's wps), and the GPU memory of weights, gradients and Adam.
+`lengths` prints a corpus side's length distribution and what a short-to-long split would keep.
 
 Updates per epoch: the batches fairseq-train makes of the binarized training set (the .idx
 sizes, sorted and cut by fairseq's own batch_by_size at --max-tokens), shared by the GPUs,
@@ -47,13 +52,14 @@ from typing import Dict, List, Optional
 
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 
-ARCHS = {  # d_model, ffn, layers per side (Vaswani et al.'s base and big)
+ARCHS = {  # d_model, ffn, layers per side (Vaswani et al.'s base and big, fairseq's transformer_iwslt_de_en)
     "base": (512, 2048, 6),
     "big": (1024, 4096, 6),
+    "iwslt": (512, 1024, 6),
 }
 # about 10 minutes of training at Vaswani et al.'s step times on 8 P100s: base 100k steps in
 # 12 h (0.43 s a step: 1400 in 10 min, 1250 divides 100k), big 300k in 3.5 days (1.0 s: 600)
-SAVE_INTERVAL = {"base": 1250, "big": 600}
+SAVE_INTERVAL = {"base": 1250, "big": 600, "iwslt": 1000}
 TOKENS_PER_UPDATE = 8 * 4096
 # a checkpoint holds the weights (4 bytes each in fp32, 2 under --fp16) and Adam's two fp32
 # moments: 12 bytes a parameter is the upper bound
@@ -409,6 +415,13 @@ def parameters(arch: str, vocab: int, model_flags: str = "") -> int:
     return vocab * d + sizes["--encoder-layers"] * encoder_layer + sizes["--decoder-layers"] * decoder_layer
 
 
+def same_dictionary(data_bin: str, src: str, tgt: str) -> bool:
+    paths = [os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)]
+    if not all(os.path.isfile(p) for p in paths):
+        return True
+    return open(paths[0], "rb").read() == open(paths[1], "rb").read()
+
+
 def dictionary_size(data_bin: str, src: str) -> int:
     path = os.path.join(data_bin, f"dict.{src}.txt")
     with open(path, encoding="utf-8") as f:
@@ -423,7 +436,8 @@ PREPARED_PER_RAW = 9.2
 # the extracted text of a recipe's pair per byte of the archives it reads (estimated from the
 # published corpus sizes: Europarl and Common Crawl archives also hold other pairs, Gigaword
 # French-English and UN are larger uncompressed)
-RAW_PER_ARCHIVE = {"wmt14_en_de": 0.8, "wmt14_en_fr": 2.0, "wmt18": 0.8}
+RAW_PER_ARCHIVE = {"wmt14_en_de": 0.8, "wmt14_en_fr": 2.0, "wmt18": 0.8,
+                   "iwslt14_de_en": 3.0}  # IWSLT: one gzipped tar of text, ~3x (estimate)
 
 
 def bytes_under(path: str, suffix: str = "") -> int:
@@ -500,11 +514,14 @@ def make_plan(args) -> Dict[str, str]:
     src_sizes, tgt_sizes = dataset_sizes(args.data_bin, args.src, args.tgt)
     longest = int(max(src_sizes.max(), tgt_sizes.max())) if len(src_sizes) else 1
     chosen = args.max_tokens == "auto" or args.update_freq == "auto"
+    target = args.batch_target
+    # whose batch the target is: the papers' 32768 (WMT), or what the recipe names (IWSLT: fairseq's example's 4096)
+    whose = args.batch_source or "the papers'"
     max_tokens, update_freq, deviation = batch_for(None if args.max_tokens == "auto" else int(args.max_tokens), workers,
                                                    None if args.update_freq == "auto" else int(args.update_freq),
-                                                   longest=longest)
+                                                   target=target, longest=longest)
     held_up = (args.max_tokens == "auto" and max_tokens == longest
-               and max_tokens * workers * update_freq > TOKENS_PER_UPDATE)  # by the longest pair
+               and max_tokens * workers * update_freq > target)  # by the longest pair
     args.max_tokens = max_tokens
     interval = SAVE_INTERVAL[args.arch] if args.save_interval_updates == "auto" else int(args.save_interval_updates)
     batches = batches_per_epoch(src_sizes, tgt_sizes, args.max_tokens)
@@ -515,19 +532,23 @@ def make_plan(args) -> Dict[str, str]:
     print(f"| world: {describe_world(world, cpu)}")
     unit = "GPU" if not cpu else "CPU process" if workers == 1 else "CPU processes"
     print(f"| tokens per update: {args.max_tokens} x {workers} {unit} x update-freq {update_freq} = {tokens} padded "
-          f"tokens at most ({deviation:+.1%} from the papers' {TOKENS_PER_UPDATE})")
+          f"tokens at most ({deviation:+.1%} from {whose} {target})")
     if chosen and abs(deviation) > BATCH_TOLERANCE:
         why = (f"MAX_TOKENS={longest}, the longest training pair" if held_up else f"MAX_TOKENS={args.max_tokens}")
         if not args.allow_batch:
-            raise PlanError(f"{tokens} tokens per update is {deviation:+.1%} from the papers' {TOKENS_PER_UPDATE} at "
+            raise PlanError(f"{tokens} tokens per update is {deviation:+.1%} from {whose} {target} at "
                             f"{workers} {'process(es)' if cpu else 'GPU(s)'} with {why}: "
                             + ("train on fewer" if held_up else "set MAX_TOKENS=auto")
                             + ", or ALLOW_BATCH=1 to train with it (the lr and the update count stay the papers')")
-        print(f"| note: tokens per update {deviation:+.1%} from the papers' (ALLOW_BATCH=1)")
+        print(f"| note: tokens per update {deviation:+.1%} from {whose} (ALLOW_BATCH=1)")
     print(f"| training set: {len(src_sizes)} pairs, {real_tokens} tokens (source + target, with </s>), "
           f"{batches} batches of --max-tokens {args.max_tokens}")
     print(f"| updates per epoch: {per_epoch}")
-    vocab = dictionary_size(args.data_bin, args.src or training_pair(args.data_bin)[0])
+    pair = training_pair(args.data_bin)
+    vocab = dictionary_size(args.data_bin, args.src or pair[0])
+    if not same_dictionary(args.data_bin, args.src or pair[0], args.tgt or pair[1]):
+        # separate dictionaries (IWSLT): an encoder embedding and a decoder one (shared with its output)
+        vocab += dictionary_size(args.data_bin, args.tgt or pair[1])
     checkpoint = parameters(args.arch, vocab, args.model_flags) * BYTES_PER_PARAM
     disk = total = 0
     values = {**device, "UPDATE_FREQ": str(update_freq), "MAX_TOKENS": str(args.max_tokens),
@@ -578,6 +599,10 @@ def make_plan(args) -> Dict[str, str]:
         print(line)
     print(f"| disk for checkpoints: about {human_bytes(disk)} ({human_bytes(checkpoint)} each, estimated for "
           f"{parameters(args.arch, vocab, args.model_flags) / 1e6:.1f}M parameters with Adam's state)")
+    if args.tokens_per_second:
+        for line in time_and_memory(total, int(tgt_sizes.sum()), per_epoch, args.tokens_per_second,
+                                    parameters(args.arch, vocab, args.model_flags), args.speed_note):
+            print("| " + line)
     values["CHECKPOINT_DISK"] = str(disk)
     values["TOTAL_UPDATES"] = str(total)
     if args.out:
@@ -585,6 +610,45 @@ def make_plan(args) -> Dict[str, str]:
         print("| disk: " + check_space(args.out, disk, bytes_under(args.out, ".pt"), "the checkpoints need",
                                        args.allow_low_disk))
     return values
+
+
+def time_and_memory(updates: int, target_tokens: int, per_epoch: int, tokens_per_second: float, params: int,
+                    note: str = "") -> List[str]:
+    """Lines on how long ``updates`` take at ``tokens_per_second`` target tokens a second
+    (fairseq's logged wps, which counts target tokens), and what the GPU holds besides the
+    activations: fp32 weights, gradients and Adam's two moments, 16 bytes a parameter."""
+    per_update = target_tokens / per_epoch
+    seconds = updates * per_update / tokens_per_second
+    state = params * 16
+    return [f"expected time on one GPU: {updates} updates x ~{per_update:.0f} target tokens an update (this corpus) / "
+            f"{tokens_per_second:.0f} target tokens a second = {seconds / 3600:.1f} h"
+            + (f" ({note})" if note else " (an assumption, not a measurement: TOKENS_PER_SECOND)"),
+            f"memory: {human_bytes(state)} of GPU memory for fp32 weights, gradients and Adam's moments (16 bytes a "
+            f"parameter) plus the activations of one batch; the binarized corpus is memory-mapped"]
+
+
+def length_distribution(path: str, train_below: int, bins: List[int]) -> List[str]:
+    """Lines on the token counts of ``path`` (one sentence a line, tokens separated by spaces):
+    percentiles, and how many pairs a short-to-long split at ``train_below`` with these ``bins``
+    (the extrapolation recipe's TRAIN_BELOW and BINS, the last bin open) trains on and tests."""
+    import numpy as np
+
+    with open(path, encoding="utf-8") as f:
+        lengths = np.array([len(line.split()) for line in f], dtype=np.int64)
+    if not len(lengths):
+        raise PlanError(f"{path} is empty")
+    qs = (50, 90, 95, 99, 99.9)
+    out = [f"{path}: {len(lengths)} sentences, mean {lengths.mean():.1f} tokens, longest {lengths.max()}; "
+           + ", ".join(f"{q:g}th percentile {int(np.percentile(lengths, q, method='lower'))}" for q in qs)]
+    short = int((lengths < train_below).sum())
+    out.append(f"shorter than {train_below} (trained on): {short} ({short / len(lengths):.2%})")
+    edges = list(bins) + [None]
+    for lo, hi in zip(edges, edges[1:]):
+        n = int(((lengths >= lo) & ((lengths < hi) if hi else True)).sum())
+        out.append(f"[{lo},{hi if hi else 'inf'}): {n} sentences (tested)")
+    if bins and bins[0] != train_below:
+        out.append(f"note: the first bin starts at {bins[0]}, not at {train_below}: the pairs between are in neither")
+    return out
 
 
 def totals(plans: str, out: str, allow: bool = False) -> List[str]:
@@ -652,6 +716,13 @@ def main(argv: Optional[List[str]] = None):
                         "continued): its updates and checkpoints are counted too")
     p.add_argument("--baseline-updates", type=int, default=0,
                    help="the updates of the baseline this plan is compared with (FLOATER: the sinusoidal model's)")
+    p.add_argument("--batch-target", type=int, default=TOKENS_PER_UPDATE,
+                   help="padded tokens an update to keep at any GPU count (default 32768, the papers'; "
+                        "fairseq's IWSLT example: 4096)")
+    p.add_argument("--batch-source", default="", help="whose batch --batch-target is, for the plan's lines")
+    p.add_argument("--tokens-per-second", type=float, default=0,
+                   help="target tokens a second on one GPU (fairseq's wps): the plan then prints the expected time")
+    p.add_argument("--speed-note", default="", help="where --tokens-per-second comes from, printed with the time")
     p.add_argument("--allow-batch", action="store_true",
                    help="train even when the chosen batch is more than 5%% from the papers' tokens per update")
     p.add_argument("--update-freq", default="auto", help="batches per update per GPU (auto: ~32768 tokens an update)")
@@ -692,6 +763,11 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--plans", required=True, help="a file of OUT UPDATES DISK lines, one per model")
     p.add_argument("--out", required=True, help="where the models go: its filesystem's free space is checked")
     p.add_argument("--allow-low-disk", action="store_true", help="only say it when the space is short")
+    p = sub.add_parser("lengths", help="the length distribution of a corpus side, and what a short-to-long split "
+                                       "at --train-below with --bins would train on and test")
+    p.add_argument("--text", required=True, help="one sentence a line (DATA/train.SRC: subwords; train.tok.SRC: words)")
+    p.add_argument("--train-below", type=int, default=80, help="TRAIN_BELOW of recipes/extrapolation/run.sh")
+    p.add_argument("--bins", type=int, nargs="*", default=[80, 100, 120, 140], help="BINS of recipes/extrapolation/run.sh")
     p = sub.add_parser("check-finished", help="exit 3 unless the checkpoint reached --max-update or --max-epoch")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--max-update", type=int, help="the stage's --max-update")
@@ -702,16 +778,19 @@ def main(argv: Optional[List[str]] = None):
             if args.average < 1:
                 raise PlanError("--average must be at least 1")
             values = make_plan(args)
+        elif args.command == "lengths":
+            for line in length_distribution(args.text, args.train_below, args.bins):
+                print("| " + line)
         elif args.command == "totals":
             for line in totals(args.plans, args.out, args.allow_low_disk):
                 print("| " + line)
         elif args.command == "prepare-space":
             archives = []
             if not args.raw_text:
-                from wmt_data import read_sources
+                from wmt_data import archive_path, read_sources
 
                 corpora = read_sources(args.sources, args.src, args.tgt)[1]
-                archives = [os.path.join(args.archives_dir, name) for name in sorted({c.archive for c in corpora})]
+                archives = [archive_path(args.archives_dir, name) for name in sorted({c.archive for c in corpora})]
             print("| disk: " + prepare_space(args.work, args.recipe, archives, args.raw_text, args.allow_low_disk))
         elif args.command == "device":
             values = device_settings(args.device, visible_gpus(args.gpus), args.precision)

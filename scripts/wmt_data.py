@@ -9,12 +9,19 @@
 
 A `sources` file has two kinds of lines (``#`` starts a comment; fields separated by spaces):
 
-    archive FILE URL CHECKSUM              CHECKSUM is md5:HEX, sha256:HEX, or - (not verified)
+    archive FILE URL CHECKSUM              CHECKSUM is md5:HEX, sha256:HEX, - (not verified) or
+                                           record (none published: the first use records the
+                                           archive's sha256 and size in FILE.sha256, later uses
+                                           check them)
     SPLIT FILE SOURCE_MEMBER TARGET_MEMBER   SPLIT is train, valid or test; members of archive FILE
 
-Members may use {src}, {tgt} (the pair's languages) and {xx} (its non-English language, for
-corpora named like europarl-v7.de-en whichever the direction). A member ending in .sgm is read
-as WMT's SGML (the text of its <seg> lines); one ending in .gz is decompressed.
+FILE may sit in a directory of the cache (``iwslt14/de-en.tgz``: every IWSLT year names its
+archive de-en.tgz); in a --raw-dir of your own downloads it may also lie at the top
+(``RAW/de-en.tgz``). Members may use {src}, {tgt} (the pair's languages) and {xx} (its
+non-English language, for corpora named like europarl-v7.de-en whichever the direction). A member
+ending in .sgm is read as WMT's SGML (the text of its <seg> lines), one ending in .xml as IWSLT's
+(the <seg id> lines, as fairseq's prepare-iwslt14.sh greps them), an IWSLT ``train.tags.*`` file
+without its talk metadata (fairseq's filter); one ending in .gz is decompressed.
 """
 import argparse
 import gzip
@@ -66,6 +73,9 @@ def read_sources(path: str, src: str = "", tgt: str = ""):
                 continue
             fields = [x.format(src=src, tgt=tgt, xx=xx) for x in fields]
             if fields[0] == "archive" and len(fields) == 4:
+                if fields[3] not in ("-", RECORD) and fields[3].partition(":")[0] not in ("md5", "sha256"):
+                    raise DataError(f"{path}:{number}: checksum must be md5:HEX, sha256:HEX, - or {RECORD}, "
+                                    f"got {fields[3]!r}")
                 archives[fields[1]] = Archive(fields[1], fields[2], "" if fields[3] == "-" else fields[3])
             elif fields[0] in ("train", "valid", "test") and len(fields) == 4:
                 if fields[1] not in archives:
@@ -75,6 +85,20 @@ def read_sources(path: str, src: str = "", tgt: str = ""):
                 raise DataError(f"{path}:{number}: expected 'archive FILE URL CHECKSUM' or "
                                 f"'train|valid|test FILE SRC_MEMBER TGT_MEMBER', got {line.strip()!r}")
     return list(archives.values()), corpora
+
+
+RECORD = "record"
+
+
+def archive_path(raw_dir: str, file: str) -> str:
+    """Where archive ``file`` is: ``raw_dir/file``, or, for a file kept in a directory of the
+    cache (``iwslt14/de-en.tgz``), ``raw_dir/de-en.tgz`` when only that exists (a --raw-dir of
+    downloads saved under their own names)."""
+    path = os.path.join(raw_dir, file)
+    top = os.path.join(raw_dir, os.path.basename(file))
+    if not os.path.isfile(path) and os.path.dirname(file) and os.path.isfile(top):
+        return top
+    return path
 
 
 def file_digest(path: str, algorithm: str) -> str:
@@ -89,12 +113,36 @@ def verify(path: str, checksum: str) -> str:
     """A line saying whether ``path`` matches ``checksum``; raises DataError if it does not."""
     if not checksum:
         return f"{os.path.basename(path)}: no published checksum, skipped verification"
+    if checksum == RECORD:
+        return verify_recorded(path)
     algorithm, _, expected = checksum.partition(":")
     actual = file_digest(path, algorithm)
     if actual != expected.lower():
         raise DataError(f"{path}: {algorithm} is {actual}, expected {expected} (a partial or different download? "
                         f"delete it and run again)")
     return f"{os.path.basename(path)}: {algorithm} verified"
+
+
+def verify_recorded(path: str) -> str:
+    """No checksum is published (IWSLT'14's de-en.tgz): the first use writes the archive's sha256
+    and size to ``path.sha256``; every later use checks the archive against them, so that a
+    replaced or re-downloaded archive that differs is noticed rather than silently prepared."""
+    record = path + ".sha256"
+    size = os.path.getsize(path)
+    digest = file_digest(path, "sha256")
+    name = os.path.basename(path)
+    if not os.path.isfile(record):
+        try:
+            with open(record, "w", encoding="utf-8") as f:
+                f.write(f"{digest}  {size}  {name}\n")
+        except OSError as e:
+            return f"{name}: no published checksum; sha256 {digest}, {size} bytes (not recorded: {e})"
+        return f"{name}: no published checksum; recorded sha256 {digest}, {size} bytes in {record}"
+    fields = open(record, encoding="utf-8").read().split()
+    if len(fields) < 2 or fields[0] != digest or fields[1] != str(size):
+        raise DataError(f"{path}: sha256 {digest}, {size} bytes, but {record} recorded {' '.join(fields[:2])} at its "
+                        f"first use: another archive? delete {record} to accept this one")
+    return f"{name}: sha256 and size ({size} bytes) as recorded at its first use ({record})"
 
 
 def download(url: str, path: str):
@@ -119,16 +167,19 @@ def download(url: str, path: str):
 def fetch(archives: List[Archive], raw_dir: str, allow_download: bool, check: bool = True, mirror: str = ""):
     """Check every archive first (so that nothing is written when one is missing), then download
     (from ``mirror``/FILE instead of the official URL when a mirror is given)."""
-    missing = [a for a in archives if not os.path.isfile(os.path.join(raw_dir, a.file))]
+    missing = [a for a in archives if not os.path.isfile(archive_path(raw_dir, a.file))]
     if missing and not allow_download:
         a = missing[0]
         save_as = "" if a.url.rstrip("/").endswith("/" + a.file) else f" and save it as {a.file}"
+        if os.path.dirname(a.file) and a.url.rstrip("/").endswith("/" + os.path.basename(a.file)):
+            save_as = f" into {os.path.join(raw_dir, os.path.dirname(a.file))}/ or {raw_dir}/"
         raise DataError(f"missing {os.path.join(raw_dir, a.file)}: download it from {a.url}{save_as}"
                         + (f" ({len(missing) - 1} more missing: {', '.join(m.file for m in missing[1:])})"
                            if len(missing) > 1 else ""))
     os.makedirs(raw_dir, exist_ok=True)
     for a in archives:
-        path = os.path.join(raw_dir, a.file)
+        path = archive_path(raw_dir, a.file)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         if os.path.isfile(path):
             print(f"| {a.file} already there, not downloading")
         else:
@@ -147,7 +198,7 @@ def fingerprint(archives: List[Archive], raw_dir: str) -> str:
     setting, so that a replaced archive redoes it (and everything after it)."""
     digest = hashlib.md5()
     for a in archives:
-        path = os.path.join(raw_dir, a.file)
+        path = archive_path(raw_dir, a.file)
         st = os.stat(path) if os.path.isfile(path) else None
         digest.update(f"{a.file} {st.st_size if st else -1} {st.st_mtime_ns if st else -1}\n".encode())
     return digest.hexdigest()[:16]
@@ -157,6 +208,34 @@ def read_sgm(text: str) -> List[str]:
     """The segments of a WMT SGML file, in order, spaces collapsed (as sacrebleu reads them)."""
     return [re.sub(r"\s+", " ", m.group(1)).strip()
             for m in re.finditer(r"^\s*<seg[^>]*>(.*?)</seg>", text, flags=re.MULTILINE)]
+
+
+def read_iwslt_xml(text: str) -> List[str]:
+    """The <seg id> lines of an IWSLT .xml file, as fairseq's prepare-iwslt14.sh reads them:
+    grep '<seg id', then sed 's/<seg id="[0-9]*">\\s*//g' and 's/\\s*<\\/seg>\\s*//g' (spaces
+    inside a segment are kept as they are). sed's \\s is ASCII whitespace: Python's would also take a
+    no-break space."""
+    out = []
+    for line in text.split("\n"):
+        if "<seg id" in line:
+            line = re.sub(r'<seg id="[0-9]*">[ \t\r\n\f\v]*', "", line)
+            out.append(re.sub(r"[ \t\r\n\f\v]*</seg>[ \t\r\n\f\v]*", "", line))
+    return out
+
+
+IWSLT_DROPPED_TAGS = ("<url>", "<talkid>", "<keywords>")
+IWSLT_STRIPPED_TAGS = ("<title>", "</title>", "<description>", "</description>")
+
+
+def iwslt_tags_line(line: str) -> Optional[str]:
+    """A line of IWSLT's train.tags.* as fairseq's prepare-iwslt14.sh keeps it: lines holding
+    <url>, <talkid> or <keywords> dropped (grep -v), the title and description tags removed and
+    their text kept (sed); None for a dropped line."""
+    if any(tag in line for tag in IWSLT_DROPPED_TAGS):
+        return None
+    for tag in IWSLT_STRIPPED_TAGS:
+        line = line.replace(tag, "")
+    return line
 
 
 def unpack_members(archive: str, members: List[str], dest: str) -> Dict[str, str]:
@@ -190,9 +269,19 @@ def read_text_lines(path: str, name: str) -> Iterator[str]:
             with open(path, encoding="utf-8") as f:
                 yield from read_sgm(f.read())
             return
+        if name.endswith(".xml"):
+            with open(path, encoding="utf-8", newline="\n") as f:
+                yield from read_iwslt_xml(f.read())
+            return
+        tags = os.path.basename(name).startswith("train.tags.")
         with open(path, encoding="utf-8", newline="\n") as f:
             for line in f:
-                yield line.rstrip("\n")
+                line = line.rstrip("\n")
+                if tags:
+                    line = iwslt_tags_line(line)
+                    if line is None:
+                        continue
+                yield line
     except UnicodeDecodeError as e:
         raise DataError(f"{name} is not UTF-8 ({e.reason} at byte {e.start})") from None
 
@@ -201,8 +290,8 @@ def extract(corpora: List[Corpus], raw_dir: str, src: str, tgt: str, out_dir: st
     """Write ``out_dir/{split}.{src,tgt}``, the split's corpora concatenated in file order.
     Nothing is left at those names unless every corpus was read whole and checked."""
     for c in corpora:
-        if not os.path.isfile(os.path.join(raw_dir, c.archive)):
-            raise DataError(f"missing {os.path.join(raw_dir, c.archive)}: run the fetch step first")
+        if not os.path.isfile(archive_path(raw_dir, c.archive)):
+            raise DataError(f"missing {archive_path(raw_dir, c.archive)}: run the fetch step first")
     os.makedirs(out_dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="members.", dir=out_dir)
     outputs: Dict[str, Dict[str, str]] = {}
@@ -214,7 +303,7 @@ def extract(corpora: List[Corpus], raw_dir: str, src: str, tgt: str, out_dir: st
             by_archive.setdefault(c.archive, []).extend([c.src_member, c.tgt_member])
         for archive, members in by_archive.items():
             print(f"| reading {len(set(members))} members of {archive}")
-            unpacked = unpack_members(os.path.join(raw_dir, archive), sorted(set(members)), work)
+            unpacked = unpack_members(archive_path(raw_dir, archive), sorted(set(members)), work)
             files.update({(archive, m): p for m, p in unpacked.items()})
         handles = {}
         for c in corpora:

@@ -77,9 +77,10 @@ def _start(env, log, trace=None):
     return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True), out
 
 
-def _wait(procs, logs, timeout=240):
+def _wait(procs, logs, timeout=600):
     """Every process's output once all have ended; the others are stopped as soon as one fails
-    (they would wait for it at the rendezvous), or at ``timeout``."""
+    (they would wait for it at the rendezvous), or at ``timeout``: a hung rendezvous, not a slow
+    machine (four fairseq-train processes on a loaded 2-core machine took over 240 s)."""
     import time
 
     deadline = time.monotonic() + timeout

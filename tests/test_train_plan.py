@@ -554,3 +554,56 @@ def test_prepare_checks_the_space_and_keep_intermediates_0_removes_what_no_recip
             "from the archives") in other.stdout and "done before" not in other.stdout
     assert "BPE_SIZE=30" in (data / "corpus.env").read_text()
     assert (data / "intermediates.removed").read_text() == "valid=newstest2013 bpe=subword-nmt size=30\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# IWSLT'14 De-En: fairseq's example trains at 4096 tokens an update on one GPU, not WMT's 32768
+@pytest.fixture(scope="module")
+def iwslt_like(tmp_path_factory):
+    """1/10 of IWSLT'14's 160k pairs, 20 German and 21 English subwords a pair (+ </s>), with a
+    dictionary per language (8000 and 6000 entries), as recipes/iwslt14_de_en prepares them."""
+    path = _data_bin(tmp_path_factory.mktemp("iwslt"), [21] * 16000, [22] * 16000, src="de", tgt="en")
+    for lang, size in (("de", 8000), ("en", 6000)):
+        with open(os.path.join(path, f"dict.{lang}.txt"), "w") as f:
+            f.writelines(f"{lang}{i} 1\n" for i in range(size - 4))
+    return path
+
+
+def test_the_iwslt_plan_keeps_fairseqs_4096_tokens_and_prints_the_time_on_one_gpu(iwslt_like, run):
+    """4096 tokens x 1 GPU x update-freq 1 (the WMT target would make it 8x that); 22-token
+    samples: 186 fit 4096 tokens, cut to 184 (a multiple of 8), so 16000 pairs are 87 batches an
+    epoch; 50000 updates at 16000 x 22 / 87 = 4046 target tokens an update and 25000 a second:
+    8092 s = 2.2 h. Two embeddings (8000 + 6000 rows), not one shared."""
+    proc = run("plan", "--data-bin", iwslt_like, "--arch", "iwslt", "--stage", "train", "50000", "-",
+               "--average", "10", "--gpus", "1", "--precision=", "--batch-target", "4096",
+               "--batch-source", "fairseq's IWSLT example's", "--tokens-per-second", "25000")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert ("| tokens per update: 4096 x 1 GPU x update-freq 1 = 4096 padded tokens at most (+0.0% from fairseq's "
+            "IWSLT example's 4096)") in out
+    assert "| updates per epoch: 87" in out
+    assert "| checkpoints: every 1000 updates -> 50 interval checkpoints in stage train" in out
+    assert "| averaged: updates 41000, 42000, 43000, 44000, 45000, 46000, 47000, 48000, 49000, 50000 (" in out
+    assert ("| expected time on one GPU: 50000 updates x ~4046 target tokens an update (this corpus) / 25000 target "
+            "tokens a second = 2.2 h") in out
+    params = train_plan.parameters("iwslt", 8000 + 6000)
+    assert params == 14000 * 512 + 6 * (4 * 512 * 512 + 4 * 512 + 2 * 512 * 1024 + 1024 + 512 + 4 * 512) \
+        + 6 * (2 * (4 * 512 * 512 + 4 * 512) + 2 * 512 * 1024 + 1024 + 512 + 6 * 512)
+    assert f"| disk for checkpoints: about {train_plan.human_bytes(13 * params * 12)}" in out
+    assert f"| memory: {train_plan.human_bytes(params * 16)} of GPU memory" in out
+    # two GPUs share the same 4096 tokens
+    proc = run("plan", "--data-bin", iwslt_like, "--arch", "iwslt", "--stage", "train", "50000", "-",
+               "--average", "10", "--gpus", "2", "--precision=", "--batch-target", "4096")
+    assert "| tokens per update: 2048 x 2 GPU x update-freq 1 = 4096 padded tokens" in proc.stdout
+
+
+def test_the_length_distribution_says_what_a_short_to_long_split_trains_on_and_tests(tmp_path, run):
+    """Lengths 1..100 once each: 49 shorter than 50; [50,60) 10, [60,80) 20, [80,inf) 21."""
+    text = tmp_path / "train.de"
+    text.write_text("".join(" ".join(["w"] * n) + "\n" for n in range(1, 101)))
+    proc = run("lengths", "--text", str(text), "--train-below", "50", "--bins", "50", "60", "80")
+    assert proc.returncode == 0, proc.stderr
+    assert f"| {text}: 100 sentences, mean 50.5 tokens, longest 100; 50th percentile 50, 90th percentile 90" in proc.stdout
+    assert "| shorter than 50 (trained on): 49 (49.00%)" in proc.stdout
+    assert ("| [50,60): 10 sentences (tested)\n| [60,80): 20 sentences (tested)\n| [80,inf): 21 sentences (tested)"
+            in proc.stdout)

@@ -38,3 +38,12 @@ def test_mirror_downloads_from_mirror_slash_file_and_fingerprint_follows_the_arc
     after = wmt_data.fingerprint([archive], str(cache))
     (cache / "dev.tgz").write_bytes(b"another archive")
     assert len({before, after, wmt_data.fingerprint([archive], str(cache))}) == 3
+
+
+def test_iwslt_xml_segments_are_read_as_fairseqs_grep_and_sed_read_them():
+    """prepare-iwslt14.sh: grep '<seg id', sed 's/<seg id="[0-9]*">\\s*//g' and 's/\\s*<\\/seg>\\s*//g'.
+    sed's \\s is ASCII whitespace only: a no-break space at a segment's edge stays (Python's \\s
+    would strip it); spaces inside a segment stay as they are."""
+    text = ('<refset setid="x">\n<doc docid="1">\n<seg id="1">  Ein  Satz. </seg>\n'
+            '<seg id="22">\u00a0Zwei\u00a0</seg>  \n<title>no seg</title>\n</doc>\n')
+    assert wmt_data.read_iwslt_xml(text) == ["Ein  Satz.", "\u00a0Zwei\u00a0"]

@@ -85,9 +85,13 @@ _split() {
 
 _preprocess() {
   rm -rf "$ROOT_OUT/data-bin"
+  local dicts=(--srcdict "$DATA/data-bin/dict.$SRC.txt" --joined-dictionary)
+  # a corpus with a dictionary per language (IWSLT'14) keeps both
+  cmp -s "$DATA/data-bin/dict.$SRC.txt" "$DATA/data-bin/dict.$TGT.txt" \
+    || dicts=(--srcdict "$DATA/data-bin/dict.$SRC.txt" --tgtdict "$DATA/data-bin/dict.$TGT.txt")
   fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" --trainpref "$SEGMENTED/train" \
     --validpref "$SPLIT/valid" --testpref "$SEGMENTED/long" --destdir "$ROOT_OUT/data-bin" \
-    --srcdict "$DATA/data-bin/dict.$SRC.txt" --joined-dictionary --workers "$WORKERS" \
+    "${dicts[@]}" --workers "$WORKERS" \
     > "$ROOT_OUT/preprocess.log" 2>&1 || die "fairseq-preprocess failed (log: $ROOT_OUT/preprocess.log)"
 }
 

@@ -21,17 +21,22 @@
 # resumes, and when the vanilla stage trained again, the FLOATER stage starts over from its new
 # best checkpoint (OUT/*/stage.json records each stage; logs in OUT/vanilla/train.log and
 # OUT/floater/train.log).
-#   env: ARCH (base | big), LR (7e-4 base, 5e-4 big; FLOATER continues at LR / 2), MAX_UPDATE,
+#   env: ENC (floater; rnn trains Table 6's RNN position encoders, --rnn-* flags in MODEL_FLAGS,
+#        by the same protocol into OUT/vanilla and OUT/rnn), ARCH (base | big), LR (7e-4 base, 5e-4 big; FLOATER continues at LR / 2), MAX_UPDATE,
 #        MAX_EPOCH (stage 1; VANILLA_EPOCHS is read as MAX_EPOCH), FLOATER_EPOCHS (10),
 #        FLOATER_MAX_UPDATE, VANILLA_CONTINUED (0), WARMUP (4000), DROPOUT, MAX_TOKENS, UPDATE_FREQ (auto),
 #        SAVE_INTERVAL_UPDATES (auto), AVERAGE (5), DEVICE, NUM_GPUS, DEVICE_FLAGS (see
 #        recipes/wmt14_en_de/train.sh), MODEL_FLAGS / EXTRA_FLAGS (appended to both fairseq-train)
+#        POSITION_BLOCKS=input (stage 2 only: FLOATER's biases at the first block of each stack,
+#        Table 2's input-block row; default: every block)
 set -euo pipefail
 RECIPE=floater
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 DATA_BIN="${DATA_BIN:?set DATA_BIN to a fairseq-preprocess output directory}"
 parse_run_args "$@"
-ENC=floater
+ENC="${ENC:-floater}"  # or rnn: Table 6's RNN encoders, trained by the same protocol
+warm_started "$ENC" || die "ENC=$ENC: this protocol trains floater or rnn"
+NAME=FLOATER; [ "$ENC" = rnn ] && NAME=RNN
 VANILLA_CONTINUED="${VANILLA_CONTINUED:-0}"
 case "$VANILLA_CONTINUED" in 0|1) ;; *) die "VANILLA_CONTINUED must be 0 or 1, got '$VANILLA_CONTINUED'" ;; esac
 MAX_EPOCH="${MAX_EPOCH:-${VANILLA_EPOCHS:-}}"
@@ -55,13 +60,13 @@ train_stage "$OUT/vanilla" "" "$MAX_UPDATE" "$MAX_EPOCH" "${settings[@]}" stage=
   ${MAX_UPDATE:+--max-update $MAX_UPDATE} ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} --keep-interval-updates 1 \
   $MODEL_FLAGS $EXTRA_FLAGS
 
-echo "== 2/3 FLOATER warm-started from $OUT/vanilla/checkpoint_best.pt, lr $HALF_LR, $FLOATER_EPOCHS epochs${FLOATER_MAX_UPDATE:+ / $FLOATER_MAX_UPDATE updates} on $DEVICE_DESC"
+echo "== 2/3 $NAME warm-started from $OUT/vanilla/checkpoint_best.pt, lr $HALF_LR, $FLOATER_EPOCHS epochs${FLOATER_MAX_UPDATE:+ / $FLOATER_MAX_UPDATE updates} on $DEVICE_DESC"
 # shellcheck disable=SC2086
-train_stage "$OUT/floater" "$OUT/vanilla" "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" "${settings[@]}" stage=floater \
-  "floater_lr=$HALF_LR" -- "$DATA_BIN" "${FAIRSEQ_FLAGS[@]}" --arch "transformer_floater_$SUFFIX" \
+train_stage "$OUT/$ENC" "$OUT/vanilla" "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" "${settings[@]}" stage="$ENC" \
+  "floater_lr=$HALF_LR" -- "$DATA_BIN" "${FAIRSEQ_FLAGS[@]}" --arch "transformer_${ENC}_$SUFFIX" \
   --floater-init-from "$OUT/vanilla/checkpoint_best.pt" --lr "$HALF_LR" \
   --max-epoch "$FLOATER_EPOCHS" ${FLOATER_MAX_UPDATE:+--max-update $FLOATER_MAX_UPDATE} \
-  --keep-interval-updates "$AVERAGE" $MODEL_FLAGS $EXTRA_FLAGS
+  --keep-interval-updates "$AVERAGE" $POSITION_BLOCK_FLAGS $MODEL_FLAGS $EXTRA_FLAGS
 
 if [ "$VANILLA_CONTINUED" = 1 ]; then
   echo "== 2/3 control: the vanilla model trained on from $OUT/vanilla/checkpoint_best.pt with stage 2's schedule, without FLOATER"
@@ -74,7 +79,7 @@ if [ "$VANILLA_CONTINUED" = 1 ]; then
 fi
 
 [ "${FIRST_NODE:-1}" = 1 ] || exit 0  # the first node averages
-for stage in floater $([ "$VANILLA_CONTINUED" = 1 ] && echo vanilla_continued); do
+for stage in "$ENC" $([ "$VANILLA_CONTINUED" = 1 ] && echo vanilla_continued); do
   echo "== 3/3 averaging the last $AVERAGE interval checkpoints -> $OUT/$stage/averaged_last$AVERAGE.pt"
   "$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$OUT/$stage" \
     --num-update-checkpoints "$AVERAGE" --output "$OUT/$stage/averaged_last$AVERAGE.pt"

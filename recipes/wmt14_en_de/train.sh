@@ -14,6 +14,9 @@
 #          ENC=floater runs FLOATER's warm-start protocol (recipes/floater/train.sh; FLOATER_EPOCHS
 #          10, FLOATER_MAX_UPDATE; the vanilla stage 30 epochs, VANILLA_EPOCHS).
 #   ARCH   base | big
+#   POSITION_BLOCKS  all | input (--position-blocks; FLOATER's Table 2): the position encoder at
+#          every block or at the first block of each stack only. sinusoidal and learned default to
+#          input, floater to all; the other form gets its own OUT (runs/wmt14_en_de/$ENC-$POSITION_BLOCKS-$ARCH)
 #   env: DATA (data/wmt14_en_de), OUT (runs/wmt14_en_de/$ENC-$ARCH), LR, DROPOUT, WARMUP (4000),
 #        MAX_TOKENS (4096 per GPU), UPDATE_FREQ (auto: ~32k tokens an update on any GPU count),
 #        MAX_UPDATE, MAX_EPOCH, SAVE_INTERVAL_UPDATES (1250 base, 600 big), AVERAGE (checkpoints
