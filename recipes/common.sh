@@ -506,7 +506,8 @@ train_model() {
   local data_bin=$1
   ls "$data_bin"/dict.*.txt > /dev/null 2>&1 || die "no fairseq dictionary in $data_bin: run prepare.sh first"
   if warm_started "$ENC"; then  # it plans its two stages itself
-    echo "== $ENC: FLOATER's warm-start protocol (recipes/floater/train.sh) -> $OUT"
+    if [ "$ENC" = floater ]; then echo "== FLOATER: the paper's warm-start protocol (recipes/floater/train.sh) -> $OUT"
+    else echo "== RNN ($ENC): FLOATER's warm-start protocol (recipes/floater/train.sh) -> $OUT"; fi
     ENC="$ENC" DATA_BIN="$data_bin" OUT="$OUT" ARCH="$ARCH" LR="$LR" MAX_TOKENS="$MAX_TOKENS" UPDATE_FREQ="$UPDATE_FREQ" \
       AVERAGE="$AVERAGE" MAX_UPDATE="$MAX_UPDATE" MAX_EPOCH="$MAX_EPOCH" WARMUP="$WARMUP" DROPOUT="$DROPOUT" \
       SAVE_INTERVAL_UPDATES="$SAVE_INTERVAL_UPDATES" DEVICE="$DEVICE" NUM_GPUS="$NUM_GPUS" DEVICE_FLAGS="$DEVICE_FLAGS" \

@@ -120,3 +120,30 @@ def test_compat_lets_fairseqs_pytorch_ddp_wrap_a_cpu_model(one_process_group):
 
     wrapped = DistributedFairseqModel(_ddp_args(), torch.nn.Linear(2, 2), one_process_group, torch.device("cpu"))
     assert wrapped(torch.ones(3, 2)).shape == (3, 2)
+
+
+_EXIT_CHECK = """
+import atexit, os, socket, sys
+import torch.distributed as dist
+# registered first, so it runs after every handler registered later (atexit runs them in reverse)
+atexit.register(lambda: print("initialized at exit:", dist.is_initialized(), flush=True))
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+dist.init_process_group("gloo", rank=0, world_size=1)
+if sys.argv[1] == "plugin":
+    import fairseq_posenc  # noqa: F401
+"""
+
+
+@pytest.mark.parametrize("imported, alive", [("none", True), ("plugin", False)])
+def test_the_process_group_fairseq_leaves_alive_is_destroyed_at_exit(imported, alive):
+    """fairseq-train returns with its process group alive, and gloo's threads torn down at exit
+    aborted one SLURM task in two (compat.process_group_destroyed_at_exit)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _EXIT_CHECK, imported], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"initialized at exit: {alive}" in proc.stdout

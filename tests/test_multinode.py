@@ -126,14 +126,29 @@ def test_the_recipe_trains_under_slurm_on_two_nodes_of_two_tasks_and_only_the_fi
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(SCONTROL)
     (bin_dir / "scontrol").chmod(0o755)
-    out = tmp_path / "run"
-    port = str(_free_port())
-    base = {**_clean_environ(), **RUN_ENV, "DATA": str(data), "OUT": str(out), "MASTER_PORT": port,
-            "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     # strace, where it is installed and may trace (containers can forbid ptrace)
     trace = shutil.which("strace") is not None and subprocess.run(
         ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=openat", "-o", os.devnull, "true"],
         capture_output=True).returncode == 0
+    for attempt in (1, 2):
+        out, port = tmp_path / f"run{attempt}", str(_free_port())
+        try:
+            texts = _launch_slurm_tasks(data, tmp_path, bin_dir, out, port, trace)
+            break
+        except AssertionError as failed:
+            # A known teardown abort of gloo on this CPU stack (after "done training": one run in
+            # 16 with compat.process_group_destroyed_at_exit, one in 3 without) is retried once in
+            # a fresh OUT; any other failure, or the same one twice, fails the test
+            if attempt == 2 or "terminate called without an active exception" not in str(failed) and not any(
+                    "terminate called without an active exception" in log.read_text()
+                    for log in tmp_path.glob("task*.log")):
+                raise
+    _check_slurm_run(texts, out, port, trace, tmp_path)
+
+
+def _launch_slurm_tasks(data, tmp_path, bin_dir, out, port, trace):
+    base = {**_clean_environ(), **RUN_ENV, "DATA": str(data), "OUT": str(out), "MASTER_PORT": port,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     procs, logs = [], []
     for rank in range(4):
         env = {**base, "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[0-1]",
@@ -144,8 +159,10 @@ def test_the_recipe_trains_under_slurm_on_two_nodes_of_two_tasks_and_only_the_fi
                "SLURMD_NODENAME": f"node{rank // 2}"}
         logs.append(tmp_path / f"task{rank}.log")
         procs.append(_start(env, logs[-1], trace=(tmp_path / f"task{rank}.strace") if trace and rank else None))
-    texts = _wait(procs, logs)
+    return _wait(procs, logs)
 
+
+def _check_slurm_run(texts, out, port, trace, tmp_path):
     # the plan counted the whole world: 4 processes, 500 x 4 tokens an update
     assert "| world: 4 processes = 2 node(s) x 2 (SLURM, a task per process); this is node 0, which writes the " \
            "shared files (FIRST_NODE=1)" in texts[0]
