@@ -77,7 +77,10 @@ def _start(env, log, trace=None):
     return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True), out
 
 
-def _wait(procs, logs, timeout=600):
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _wait(procs, logs, timeout=600, tolerated=lambda text: False):
     """Every process's output once all have ended; the others are stopped as soon as one fails
     (they would wait for it at the rendezvous), or at ``timeout``: a hung rendezvous, not a slow
     machine (four fairseq-train processes on a loaded 2-core machine took over 240 s)."""
@@ -85,7 +88,7 @@ def _wait(procs, logs, timeout=600):
 
     deadline = time.monotonic() + timeout
     while any(proc.poll() is None for proc, _ in procs) and time.monotonic() < deadline:
-        if any(proc.poll() not in (None, 0) for proc, _ in procs):
+        if any(proc.poll() not in (None, 0) and not tolerated(open(log).read()) for (proc, _), log in zip(procs, logs)):
             break
         time.sleep(0.5)
     for proc, out in procs:
@@ -95,7 +98,7 @@ def _wait(procs, logs, timeout=600):
         out.close()
     texts = [open(log).read() for log in logs]
     for (proc, _), log, text in zip(procs, logs, texts):
-        assert proc.returncode == 0, f"{log}:\n" + text[-3000:]
+        assert proc.returncode == 0 or tolerated(text), f"{log}:\n" + text[-3000:]
     return texts
 
 
@@ -130,19 +133,8 @@ def test_the_recipe_trains_under_slurm_on_two_nodes_of_two_tasks_and_only_the_fi
     trace = shutil.which("strace") is not None and subprocess.run(
         ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=openat", "-o", os.devnull, "true"],
         capture_output=True).returncode == 0
-    for attempt in (1, 2):
-        out, port = tmp_path / f"run{attempt}", str(_free_port())
-        try:
-            texts = _launch_slurm_tasks(data, tmp_path, bin_dir, out, port, trace)
-            break
-        except AssertionError as failed:
-            # A known teardown abort of gloo on this CPU stack (after "done training": one run in
-            # 16 with compat.process_group_destroyed_at_exit, one in 3 without) is retried once in
-            # a fresh OUT; any other failure, or the same one twice, fails the test
-            if attempt == 2 or "terminate called without an active exception" not in str(failed) and not any(
-                    "terminate called without an active exception" in log.read_text()
-                    for log in tmp_path.glob("task*.log")):
-                raise
+    out, port = tmp_path / "run", str(_free_port())
+    texts = _launch_slurm_tasks(data, tmp_path, bin_dir, out, port, trace)
     _check_slurm_run(texts, out, port, trace, tmp_path)
 
 
@@ -159,7 +151,17 @@ def _launch_slurm_tasks(data, tmp_path, bin_dir, out, port, trace):
                "SLURMD_NODENAME": f"node{rank // 2}"}
         logs.append(tmp_path / f"task{rank}.log")
         procs.append(_start(env, logs[-1], trace=(tmp_path / f"task{rank}.strace") if trace and rank else None))
-    return _wait(procs, logs)
+    # A known teardown abort of gloo's on this CPU stack: a task other than the first, after
+    # training finished for all (fairseq's "done training" in the first node's log), aborts at
+    # exit (one run in three before compat.process_group_destroyed_at_exit, one in 16 after on an
+    # idle machine, more under load). It is tolerated there and only there; the first task must
+    # succeed, and every check below runs.
+    def tolerated(text):
+        log = out / "train.log"
+        return TEARDOWN_ABORT in text and "this is node 0, which writes" not in text and log.is_file() \
+            and "done training" in log.read_text()
+
+    return _wait(procs, logs, tolerated=tolerated)
 
 
 def _check_slurm_run(texts, out, port, trace, tmp_path):
