@@ -216,7 +216,8 @@ prepare_corpus() {
   [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$SCRIPTS/train_plan.py" prepare-space "${space[@]}" \
     --sources "$SOURCES" --archives-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" | sed 's/^/   /' || exit 2
   STEP_AFTER="" STEP_SETTINGS="pair=$SRC-$TGT archives=$("$PYTHON" "$SCRIPTS/wmt_data.py" fingerprint \
-    --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT")" \
+    --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
+    --cache "$WORK/.archives-sha256.json" --upgrade-marker "$WORK/.done/extract")" \
     step extract "[2/8] extract train / valid ($VALID_NAME) / test ($TEST_NAME) as plain text" _extract
   [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$SCRIPTS/train_plan.py" prepare-space "${space[@]}" \
     --raw-text "$WORK/raw" | sed 's/^/   /' || exit 2
@@ -321,6 +322,19 @@ set_training_defaults() {
     *) die "ARCH must be base, big or iwslt, got '$ARCH'" ;;
   esac
   warm_started "$ENC" && DEFAULT_AVERAGE=5  # FLOATER's paper averages the last 5, base and big
+  # LARGE_BATCH=1: fairseq's examples/scaling_nmt "big batches" (--update-freq 16 on its 8 GPUs: 16x
+  # the batch; lr 0.001), for many GPUs, whose share of 32768 tokens is small (512 a GPU at 64).
+  # Every count of updates is divided by 16, so that each stands for the same tokens: the budget
+  # (6250 base, 18750 big: the same epochs), the warmup (250) and the checkpoint interval (125, 50)
+  DEFAULT_WARMUP=4000 DEFAULT_SAVE_INTERVAL=auto
+  case "${LARGE_BATCH:=0}" in
+    0) ;;
+    1) [ "$ARCH" = iwslt ] && die "LARGE_BATCH=1 is the WMT recipes' (fairseq's scaling_nmt): IWSLT keeps its example's 4096 tokens an update"
+       BATCH_TOKENS="${BATCH_TOKENS:-524288}"; [ -n "${BATCH_SOURCE:-}" ] || BATCH_SOURCE="LARGE_BATCH=1's"
+       DEFAULT_LR=1e-3 DEFAULT_MAX_UPDATE=$((DEFAULT_MAX_UPDATE / 16)) DEFAULT_WARMUP=250
+       if [ "$ARCH" = base ]; then DEFAULT_SAVE_INTERVAL=125; else DEFAULT_SAVE_INTERVAL=50; fi ;;
+    *) die "LARGE_BATCH must be 0 or 1, got '$LARGE_BATCH'" ;;
+  esac
   DROPOUT="${DROPOUT:-$DEFAULT_DROPOUT}"
   LR="${LR:-$DEFAULT_LR}"
   MAX_EPOCH="${MAX_EPOCH:-}"
@@ -330,10 +344,10 @@ set_training_defaults() {
   # MAX_EPOCH alone stops at that epoch; MAX_UPDATE (100k base, 300k big) otherwise
   if [ -n "$MAX_EPOCH" ]; then MAX_UPDATE="${MAX_UPDATE:-}"; else MAX_UPDATE="${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}"; fi
   AVERAGE="${AVERAGE:-$DEFAULT_AVERAGE}"
-  SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-auto}"  # 1250 base, 600 big: see scripts/train_plan.py
+  SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-$DEFAULT_SAVE_INTERVAL}"  # auto: 1250 base, 600 big (scripts/train_plan.py)
   MAX_TOKENS="${MAX_TOKENS:-auto}"    # auto: at most 4096 a GPU, chosen with UPDATE_FREQ
   UPDATE_FREQ="${UPDATE_FREQ:-auto}"  # ~32768 tokens an update (within 5%) whatever the GPU count
-  WARMUP="${WARMUP:-4000}"
+  WARMUP="${WARMUP:-$DEFAULT_WARMUP}"
   MODEL_FLAGS="${MODEL_FLAGS:-}"      # e.g. smaller sizes for a dry run
   EXTRA_FLAGS="${EXTRA_FLAGS:-}"      # appended to fairseq-train
   DEVICE="${DEVICE:-auto}"            # cpu: run on the CPU (refused otherwise when no GPU is visible)
@@ -396,51 +410,65 @@ plan_training() {
   if [ -n "${PLAN_TOTALS:-}" ]; then echo "$OUT $TOTAL_UPDATES $CHECKPOINT_DISK" >> "$PLAN_TOTALS"; fi
 }
 
-# run_settings DATA_BIN: what a trained model depends on besides how long it trains, one KEY=VALUE
-# a line: the settings as given (before the plan fits the batch to the GPUs, so that a run can
-# resume on other hardware) and the training data by content (scripts/steps.py fingerprint of the
-# dictionaries, train and valid: the same corpus at another path is the same run, another corpus
-# at the same path is not, and another test set changes no model)
+# run_settings DATA_BIN: what a stage depends on that fairseq's configuration does not hold (the
+# configuration itself, every field of it, is recorded by scripts/steps.py stage from the argument
+# list fairseq-train will run): the training data by content (the dictionaries, train and valid:
+# the same corpus at another path is the same run, another corpus at the same path is not, and
+# another test set changes no model)
 run_settings() {
-  printf '%s\n' "enc=$ENC" "arch=$ARCH" "lr=$LR" "dropout=$DROPOUT" "warmup=$WARMUP" "max_tokens=$MAX_TOKENS" \
-    "save_interval=$SAVE_INTERVAL_UPDATES" "precision=$DEVICE_FLAGS" "model_flags=$MODEL_FLAGS" \
-    "extra_flags=$EXTRA_FLAGS" "data=$("$PYTHON" "$SCRIPTS/steps.py" fingerprint --training-data "$1")"
-  # checkpoint_best.pt by validation BLEU is another run than by loss (absent unless asked: a WMT
-  # run's settings stay what they were)
-  if [ "${EVAL_BLEU:-0}" = 1 ]; then echo "eval_bleu=1"; fi
-  # the encoding's non-default form only (the default's settings stay what they were)
-  if [ -n "${POSITION_BLOCKS:-}" ]; then echo "position_blocks=$POSITION_BLOCKS"; fi
+  echo "data=$("$PYTHON" "$SCRIPTS/steps.py" fingerprint --training-data "$1")"
 }
 
-# train_stage SAVE_DIR AFTER_DIR MAX_UPDATE MAX_EPOCH SETTING... -- FAIRSEQ_TRAIN_ARGS...
+# train_stage SAVE_DIR AFTER_DIR SETTING... -- FAIRSEQ_TRAIN_ARGS...
 # One fairseq-train into SAVE_DIR, started from the stage in AFTER_DIR ("" for none).
-# scripts/steps.py stage decides from SAVE_DIR/stage.json and the checkpoints: start, resume
-# (interrupted, or a larger budget), skip (finished: fairseq-train would train one update more and
-# could replace checkpoint_best.pt), restart (AFTER_DIR trained again since, or other settings under
-# STAGE_ON_CHANGE=restart), or refuse (other settings, checkpoints without a record unless
-# ADOPT_RUN=1, a budget below what was trained). With several nodes the first decides and acts,
-# the others take its decision (LAUNCH_ID names the launch they share).
+# scripts/steps.py stage (fairseq_posenc/recipe/stages.py) parses the argument list fairseq-train
+# will run with fairseq's own parser and compares the resolved configuration with the one
+# SAVE_DIR/stage.json recorded: start, resume (interrupted, or a larger budget), skip (finished:
+# fairseq-train would train one update more and could replace checkpoint_best.pt), restart
+# (AFTER_DIR trained again since, or another configuration under STAGE_ON_CHANGE=restart), or
+# refuse (another configuration, naming each field; checkpoints without a record unless
+# ADOPT_RUN=1; a budget below what was trained). STAGE_ACCEPTED names a function to run once the
+# decision has accepted the run (what must not be written for a refused one). With several nodes
+# the first decides and acts, the others take its decision (LAUNCH_ID names the launch they share).
+# The stage is finished when its checkpoints say so, whatever fairseq-train's exit code.
 train_stage() {
-  local save_dir=$1 after_dir=$2 max_update=${3:--} max_epoch=${4:--}; shift 4
-  local settings=() decision
+  local save_dir=$1 after_dir=$2; shift 2
+  local settings=() decision end rc=0
   while [ "$1" != -- ]; do settings+=("$1"); shift; done; shift
-  local stage=(--save-dir "$save_dir" --after-dir "$after_dir" --max-update "$max_update" --max-epoch "$max_epoch")
+  # shellcheck disable=SC2206
+  local train_args=("$@" --save-dir "$save_dir" $TRAIN_DEVICE_FLAGS)
+  mkdir -p "$save_dir"
   if [ "${FIRST_NODE:-1}" = 1 ]; then
     local flags=(--on-change "${STAGE_ON_CHANGE:-refuse}" --act)
     [ "${ADOPT_RUN:-0}" = 1 ] && flags+=(--adopt)
     [ -n "${LAUNCH_ID:-}" ] && flags+=(--launch "$LAUNCH_ID")
-    decision="$("$PYTHON" "$SCRIPTS/steps.py" stage "${stage[@]}" "${flags[@]}" --settings "${settings[@]}")" || exit 2
+    decision="$("$PYTHON" "$SCRIPTS/steps.py" stage --save-dir "$save_dir" --after-dir "$after_dir" "${flags[@]}" \
+      --settings "${settings[@]}" -- "${train_args[@]}")" || exit 2
     printf '\n== %s %s: %s\n' "$(date -u '+%F %T UTC')" "$save_dir" "$decision" >> "$save_dir/train.log"
   else
     [ -n "${LAUNCH_ID:-}" ] || die "FIRST_NODE=0 needs LAUNCH_ID, shared by every node of the launch"
-    decision="$("$PYTHON" "$SCRIPTS/steps.py" stage "${stage[@]}" --launch "$LAUNCH_ID" --wait "${STAGE_WAIT:-1800}")" || exit 2
+    decision="$("$PYTHON" "$SCRIPTS/steps.py" stage --save-dir "$save_dir" --launch "$LAUNCH_ID" \
+      --wait "${STAGE_WAIT:-1800}")" || exit 2
   fi
   echo "   $save_dir: $decision"
+  if [ -n "${STAGE_ACCEPTED:-}" ] && [ "${FIRST_NODE:-1}" = 1 ]; then "$STAGE_ACCEPTED"; fi
   [ "${decision%% *}" = skip ] && return 0
-  launch_fairseq_train "$save_dir" "$@"
-  if [ "${FIRST_NODE:-1}" = 1 ]; then
-    "$PYTHON" "$SCRIPTS/steps.py" stage-done --save-dir "$save_dir" --max-update "$max_update" --max-epoch "$max_epoch"
-  fi
+  launch_fairseq_train "$save_dir" "${train_args[@]}" || rc=$?
+  end="$("$PYTHON" "$SCRIPTS/steps.py" stage-end --save-dir "$save_dir" --exit-code "$rc" \
+    $([ "${FIRST_NODE:-1}" = 1 ] || echo --not-first --wait "${STAGE_WAIT:-1800}"))" || exit 2
+  [ "$end" = finished ] || echo "== $end" >&2
+}
+
+# preflight_stage SAVE_DIR SETTING... -- FAIRSEQ_TRAIN_ARGS...: refuse now, before an earlier stage
+# trains, when SAVE_DIR holds checkpoints of another configuration (see train_stage)
+preflight_stage() {
+  local save_dir=$1; shift
+  local settings=()
+  while [ "$1" != -- ]; do settings+=("$1"); shift; done; shift
+  [ -f "$save_dir/checkpoint_last.pt" ] || return 0
+  # shellcheck disable=SC2086
+  "$PYTHON" "$SCRIPTS/steps.py" stage --save-dir "$save_dir" --preflight --settings "${settings[@]}" -- \
+    "$@" --save-dir "$save_dir" $TRAIN_DEVICE_FLAGS > /dev/null || exit 2
 }
 
 # the Scaling NMT flags every recipe trains with (Ott et al., 2018), into the array FAIRSEQ_FLAGS;
@@ -476,44 +504,34 @@ scaling_nmt_flags() {
   fi
 }
 
-# launch_fairseq_train SAVE_DIR ARGS...: fairseq-train ARGS --save-dir SAVE_DIR with the plan's
-# device and distributed flags, under the plan's launcher (torchrun on several nodes). The first
-# node appends the log to SAVE_DIR/train.log, each run under a dated header, so a run resumed
-# after a preemption keeps the loss history, and echoes its train and valid lines; the other
-# nodes write nothing there (on a shared filesystem they would race): fairseq's other ranks print
-# only warnings and errors, left in their node's output.
+# launch_fairseq_train SAVE_DIR ARGS...: fairseq-train ARGS (--save-dir and the plan's device and
+# distributed flags included) under the plan's launcher (torchrun on several nodes); returns
+# fairseq-train's exit code, which train_stage weighs against the checkpoints. The first node
+# appends the log to SAVE_DIR/train.log, each run under a dated header, so a run resumed after a
+# preemption keeps the loss history, and echoes its train and valid lines; the other nodes write
+# nothing there (on a shared filesystem they would race): fairseq's other ranks print only
+# warnings and errors, left in their node's output.
 launch_fairseq_train() {
   local save_dir=$1; shift
   # torchrun runs a Python file, so fairseq-train goes by its path
   # shellcheck disable=SC2206
   local command=(${TRAIN_LAUNCHER:-} "$(command -v fairseq-train || echo fairseq-train)")
-  mkdir -p "$save_dir"
   if [ "${FIRST_NODE:-1}" != 1 ]; then
-    # shellcheck disable=SC2086
-    "${command[@]}" "$@" --save-dir "$save_dir" $TRAIN_DEVICE_FLAGS 2>&1 \
-      || die "fairseq-train failed on node ${NODE_RANK:-${SLURM_NODEID:-?}} (the first node's log: $save_dir/train.log)"
+    "${command[@]}" "$@" 2>&1 || return $?
     return 0
   fi
   printf '\n== %s %s %s\n' "$(date -u '+%F %T UTC')" "${TRAIN_LAUNCHER:+$TRAIN_LAUNCHER }fairseq-train" "$*" >> "$save_dir/train.log"
-  # shellcheck disable=SC2086
-  "${command[@]}" "$@" --save-dir "$save_dir" $TRAIN_DEVICE_FLAGS 2>&1 \
+  "${command[@]}" "$@" 2>&1 \
     | tee -a "$save_dir/train.log" | awk '/\| (train|valid) \| epoch|done training/ { print "   " $0; fflush() }' \
-    || die "fairseq-train failed (log: $save_dir/train.log)"
+    || return $?
 }
 
 # train_model DATA_BIN
 train_model() {
   local data_bin=$1
   ls "$data_bin"/dict.*.txt > /dev/null 2>&1 || die "no fairseq dictionary in $data_bin: run prepare.sh first"
-  if warm_started "$ENC"; then  # it plans its two stages itself
-    if [ "$ENC" = floater ]; then echo "== FLOATER: the paper's warm-start protocol (recipes/floater/train.sh) -> $OUT"
-    else echo "== RNN ($ENC): FLOATER's warm-start protocol (recipes/floater/train.sh) -> $OUT"; fi
-    ENC="$ENC" DATA_BIN="$data_bin" OUT="$OUT" ARCH="$ARCH" LR="$LR" MAX_TOKENS="$MAX_TOKENS" UPDATE_FREQ="$UPDATE_FREQ" \
-      AVERAGE="$AVERAGE" MAX_UPDATE="$MAX_UPDATE" MAX_EPOCH="$MAX_EPOCH" WARMUP="$WARMUP" DROPOUT="$DROPOUT" \
-      SAVE_INTERVAL_UPDATES="$SAVE_INTERVAL_UPDATES" DEVICE="$DEVICE" NUM_GPUS="$NUM_GPUS" DEVICE_FLAGS="$DEVICE_FLAGS" \
-      FLOATER_EPOCHS="$FLOATER_EPOCHS" FLOATER_MAX_UPDATE="$FLOATER_MAX_UPDATE" MODEL_FLAGS="$MODEL_FLAGS" \
-      VANILLA_CONTINUED="${VANILLA_CONTINUED:-0}" POSITION_BLOCKS="$POSITION_BLOCKS" \
-      EXTRA_FLAGS="$EXTRA_FLAGS" DRY_RUN="${DRY_RUN:-0}" bash "$ROOT/recipes/floater/train.sh"
+  if warm_started "$ENC"; then  # FLOATER's protocol plans its stages itself, in this shell
+    train_warm_started "$data_bin"
     return
   fi
   local settings; mapfile -t settings < <(run_settings "$data_bin")
@@ -531,12 +549,16 @@ train_model() {
     return 0
   fi
   mkdir -p "$OUT"
-  # what evaluate.sh checks the last checkpoint against
-  [ "${FIRST_NODE:-1}" = 1 ] && printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$MAX_UPDATE" "$MAX_EPOCH" > "$OUT/train.env"
-  [ "${FIRST_NODE:-1}" = 1 ] && [ "${EVAL_BLEU:-0}" = 1 ] && echo "TRAINED_BEST_METRIC=bleu" >> "$OUT/train.env"
   echo "== fairseq-train --arch transformer_${ENC}_$SUFFIX: lr $LR, dropout $DROPOUT, max tokens $MAX_TOKENS x $UPDATE_FREQ," \
     "${MAX_EPOCH:+$MAX_EPOCH epochs / }${MAX_UPDATE:+$MAX_UPDATE updates }-> $OUT on $DEVICE_DESC (log: $OUT/train.log)"
-  train_stage "$OUT" "" "$MAX_UPDATE" "$MAX_EPOCH" "${settings[@]}" -- "${train_args[@]}"
+  STAGE_ACCEPTED=write_train_env train_stage "$OUT" "" "${settings[@]}" -- "${train_args[@]}"
+}
+
+# what evaluate.sh checks the last checkpoint against, written once the stage's decision accepted
+# the run (a refused re-run leaves the label of the run that trained it)
+write_train_env() {
+  printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$MAX_UPDATE" "$MAX_EPOCH" > "$OUT/train.env"
+  if [ "${EVAL_BLEU:-0}" = 1 ]; then echo "TRAINED_BEST_METRIC=bleu" >> "$OUT/train.env"; fi
 }
 
 # check_finished: the last checkpoint reached what train.sh was asked for, or ALLOW_UNFINISHED=1
@@ -579,19 +601,29 @@ average_and_generate() {
   esac
   local ckpt; ckpt="$(checkpoint_dir)"
   local averaged="$ckpt/averaged_last$AVERAGE.pt"
+  [ "${CHECKPOINT:-average}" = best ] && averaged="$ckpt/checkpoint_best.pt"
+  local device_env; device_env="$(mktemp)"
+  "$PYTHON" "$SCRIPTS/train_plan.py" device --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
+    --env-out "$device_env" > /dev/null || { rm -f "$device_env"; exit 2; }
+  # shellcheck disable=SC1090
+  . "$device_env" && rm -f "$device_env"
+  # one command line for the run, for --dry-run's copy of it and for what a decode is keyed by
+  # shellcheck disable=SC2206
+  local command=(fairseq-generate "$data_bin" --user-dir "$USER_DIR" --path "$averaged" "${decode_flags[@]}"
+    --max-len-a 1.5 --max-len-b 50 --max-tokens "${GEN_MAX_TOKENS:-8000}" --gen-subset "$subset" $GEN_DEVICE_FLAGS
+    "$@" ${GEN_FLAGS:-})
+  if [ "${GENERATE_KEY_ONLY:-0}" = 1 ]; then  # what the output depends on besides the checkpoints' content
+    printf '%s\n' "form=$form" "checkpoint=${CHECKPOINT:-average}" "average=$AVERAGE" "${command[@]}"
+    [ "$form" = gnmt ] && echo "rerank=gnmt/$LENPEN/$BEAM"
+    return 0
+  fi
   if [ "${CHECKPOINT:-average}" = best ]; then
-    averaged="$ckpt/checkpoint_best.pt"
     echo "== CHECKPOINT=best: $averaged (best by validation $(best_metric), not averaged)"
     [ "${DRY_RUN:-0}" = 1 ] || [ -f "$averaged" ] || die "no $averaged: has training run?"
   else
     echo "== averaging the last $AVERAGE interval checkpoints of $ckpt on the CPU -> $averaged"
     [ "${DRY_RUN:-0}" = 1 ] || "$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$ckpt" --num-update-checkpoints "$AVERAGE" --output "$averaged"
   fi
-  local device_env; device_env="$(mktemp)"
-  "$PYTHON" "$SCRIPTS/train_plan.py" device --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
-    --env-out "$device_env" > /dev/null || { rm -f "$device_env"; exit 2; }
-  # shellcheck disable=SC1090
-  . "$device_env" && rm -f "$device_env"
   local decoded="$output"
   if [ "$form" = gnmt ]; then
     decoded="$output.nbest"
@@ -600,11 +632,6 @@ average_and_generate() {
   else
     echo "== fairseq-generate --gen-subset $subset ${decode_flags[*]} on $DEVICE_DESC ($GEN_DEVICE_FLAGS) -> $output"
   fi
-  # one command line for the run and for --dry-run's copy of it
-  # shellcheck disable=SC2206
-  local command=(fairseq-generate "$data_bin" --user-dir "$USER_DIR" --path "$averaged" "${decode_flags[@]}"
-    --max-len-a 1.5 --max-len-b 50 --max-tokens "${GEN_MAX_TOKENS:-8000}" --gen-subset "$subset" $GEN_DEVICE_FLAGS
-    "$@" ${GEN_FLAGS:-})
   if [ "${DRY_RUN:-0}" = 1 ]; then
     echo "== --dry-run: would run $(printf '%q ' "${command[@]}" | sed 's/ $//')"
     return 0
@@ -666,3 +693,6 @@ evaluate_model() {
       --label "$RECIPE $SRC-$TGT enc=vanilla_continued(control of $ENC) arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM $(checkpoint_label)$UNFINISHED"
   fi
 }
+
+# FLOATER's warm-start protocol: train_warm_started
+. "$ROOT/recipes/floater/protocol.sh"

@@ -17,13 +17,16 @@ setting, so another corpus at the same path, or the same corpus re-prepared with
 redoes the step, and the same content at another path does not.
 
 A training stage (one fairseq-train into one --save-dir) is more than done or not done: it can
-be resumed. Its record, SAVE_DIR/stage.json, holds the settings it started with, the stamp of
-the stage it starts from, its budget (--max-update, --max-epoch) and, once finished, its stamp:
+be resumed. fairseq_posenc/recipe/stages.py decides it from its record, SAVE_DIR/stage.json,
+which holds the resolved fairseq configuration it started with (fairseq's own parser reads the
+argument list after --), the settings fairseq's configuration does not hold, the stamp of the
+stage it starts from, and, once finished, its own stamp:
 
     # prints start | resume | skip | restart and why; exit 2 (one line) when it must refuse
-    python scripts/steps.py stage --save-dir runs/x/floater --settings lr=3.5e-4 ... \
-        --after-dir runs/x/vanilla --max-update - --max-epoch 10 [--on-change restart] [--act]
-    python scripts/steps.py stage-done --save-dir runs/x/floater --max-update - --max-epoch 10
+    python scripts/steps.py stage --save-dir runs/x/floater --settings data=FINGERPRINT stage=floater \
+        --after-dir runs/x/vanilla [--on-change restart] [--act] -- DATA_BIN --arch ... --save-dir runs/x/floater
+    # after fairseq-train: finished (its checkpoints say so, whatever its exit code) or exit 2
+    python scripts/steps.py stage-end --save-dir runs/x/floater --exit-code $?
 """
 import argparse
 import glob
@@ -138,196 +141,64 @@ def input_settings(items: List[str]) -> Dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------
-# training stages
-class Refusal(Exception):
-    """A stage that must not run as asked: the message is the one line the user sees."""
+# training stages: decided in fairseq_posenc/recipe/stages.py from the resolved fairseq configuration
+def _stages():
+    """The two modules alone, not the plugin package (which imports fairseq and registers models):
+    ending a stage reads checkpoints only, and fairseq is imported where a configuration is resolved."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_posenc",
+                                    "recipe"))
+    import stages
+    import train_config
 
-
-RECORD = "stage.json"
-
-
-def _read_json(path: str) -> Optional[dict]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _write_json(path: str, value: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-
-
-def checkpoints(save_dir: str) -> List[str]:
-    return sorted(glob.glob(os.path.join(save_dir, "checkpoint*.pt")))
-
-
-def progress(save_dir: str):
-    """(updates, finished epochs) of SAVE_DIR/checkpoint_last.pt, or None without one."""
-    path = os.path.join(save_dir, "checkpoint_last.pt")
-    if not os.path.isfile(path):
-        return None
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from train_plan import read_progress
-
-    return read_progress(path)
-
-
-def reached(done, max_update: Optional[int], max_epoch: Optional[int]) -> str:
-    """'' when training stopped short of the budget, 'at' when exactly at it (where fairseq stops),
-    'past' when beyond it."""
-    updates, epochs = done
-    if (max_update and updates > max_update) or (max_epoch and epochs > max_epoch):
-        return "past"
-    if (max_update and updates == max_update) or (max_epoch and epochs == max_epoch):
-        return "at"
-    return ""
-
-
-def _budget(max_update, max_epoch) -> Dict[str, Optional[int]]:
-    return {"max_update": max_update, "max_epoch": max_epoch}
-
-
-def stage_decision(save_dir: str, settings: Dict[str, str], after_dir: str, max_update: Optional[int],
-                   max_epoch: Optional[int], on_change: str = "refuse", adopt: bool = False):
-    """(decision, reason): what a re-run of the stage must do so that what SAVE_DIR holds is the
-    stage asked for, and nothing is trained twice:
-
-    - start: nothing trained yet;
-    - resume: the same stage, stopped short of its budget (interrupted, or the budget grew);
-    - skip: the same stage, at its budget (fairseq-train would train one more update);
-    - restart: the stage it starts from ran again since, or (``on_change=restart``) its settings
-      changed: its checkpoints are of another model.
-    Refused: checkpoints with no record of their settings (trained before records existed), other
-    settings under ``on_change=refuse``, a budget below what was trained (the averaged window
-    would not be the stage's last)."""
-    upstream = None
-    if after_dir:
-        upstream = _read_json(os.path.join(after_dir, RECORD))
-        if not upstream or not upstream.get("finished"):
-            raise Refusal(f"{save_dir} starts from {after_dir}, which has not finished")
-    if not checkpoints(save_dir):
-        return "start", "nothing trained yet"
-    record = _read_json(os.path.join(save_dir, RECORD))
-    if record is None:
-        if not adopt:
-            raise Refusal(f"{save_dir} holds checkpoints but no record of the settings they were trained with "
-                          f"({RECORD}; trained by an older recipe or by hand): fairseq-train would resume them "
-                          "under the settings asked now. Use another OUT, delete them to start over, or set "
-                          "ADOPT_RUN=1 to declare that they were trained with these settings")
-        record = {"settings": settings, "after": (upstream or {}).get("stamp"), "budget": _budget(max_update, max_epoch)}
-    if upstream and record.get("after") != upstream.get("stamp"):
-        return "restart", f"{after_dir} was trained again since this stage started from it"
-    old = record.get("settings", {})
-    changed = [f"{k} {old.get(k, '(unset)')} -> {settings.get(k, '(unset)')}"
-               for k in sorted(set(old) | set(settings)) if old.get(k) != settings.get(k)]
-    if changed:
-        why = "settings changed: " + ", ".join(changed)
-        if on_change == "restart":
-            return "restart", why
-        raise Refusal(f"{save_dir} holds checkpoints of a run with other settings ({why}); fairseq-train would "
-                      "resume it: use another OUT, or delete its checkpoints to start over")
-    done = progress(save_dir)
-    if done is None:  # interval checkpoints but no checkpoint_last.pt: interrupted while saving
-        return "restart", "no checkpoint_last.pt to resume from"
-    where = reached(done, max_update, max_epoch)
-    if where == "past":
-        raise Refusal(f"{save_dir} was trained to update {done[0]} (epoch {done[1]} finished), past the budget "
-                      f"asked now ({_describe(max_update, max_epoch)}): its averaged checkpoints would not be the "
-                      "stage's last; use another OUT, or delete its checkpoints to start over")
-    if where == "at":
-        return "skip", f"finished at update {done[0]} ({_describe(max_update, max_epoch)})"
-    return "resume", f"stopped at update {done[0]} of {_describe(max_update, max_epoch)}"
-
-
-def _describe(max_update, max_epoch) -> str:
-    return " / ".join(x for x in (max_update and f"update {max_update}", max_epoch and f"epoch {max_epoch}") if x)
-
-
-def act(save_dir: str, decision: str, settings: Dict[str, str], after_dir: str, max_update, max_epoch,
-        launch: str = ""):
-    """Make SAVE_DIR ready for the decision: a restart removes the old checkpoints and averages;
-    a start or restart records what the stage starts with. With several nodes only the first
-    acts; the record then carries the launch and the decision, which the others wait for
-    (``wait_for_decision``) instead of deciding on files the first node is changing."""
-    os.makedirs(save_dir, exist_ok=True)
-    if decision == "restart":
-        for path in checkpoints(save_dir) + glob.glob(os.path.join(save_dir, "averaged*.pt")):
-            os.remove(path)
-    if decision in ("start", "restart") or not os.path.isfile(os.path.join(save_dir, RECORD)):
-        upstream = _read_json(os.path.join(after_dir, RECORD)) if after_dir else None
-        _write_json(os.path.join(save_dir, RECORD), {"settings": settings, "after": (upstream or {}).get("stamp"),
-                                                     "budget": _budget(max_update, max_epoch), "finished": False})
-        if decision == "skip":  # adopted, and finished: a new stamp, so stages started from it restart
-            stage_done(save_dir, max_update, max_epoch)
-    elif decision == "resume":
-        record = _read_json(os.path.join(save_dir, RECORD))
-        record.update(budget=_budget(max_update, max_epoch), finished=False)
-        _write_json(os.path.join(save_dir, RECORD), record)
-    if launch:
-        record = _read_json(os.path.join(save_dir, RECORD))
-        record.update(launch=launch, decision=decision)
-        _write_json(os.path.join(save_dir, RECORD), record)
-
-
-def wait_for_decision(save_dir: str, launch: str, timeout: float, poll: float = 2.0) -> str:
-    """The decision the first node recorded for this launch (see ``act``)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        record = _read_json(os.path.join(save_dir, RECORD)) or {}
-        if record.get("launch") == launch and record.get("decision"):
-            return record["decision"]
-        if time.monotonic() > deadline:
-            raise Refusal(f"waited {timeout:.0f} s for the first node to decide on {save_dir} (launch {launch})")
-        time.sleep(poll)
-
-
-def stage_done(save_dir: str, max_update, max_epoch):
-    """The stage reached its budget: a new stamp, so that every stage started from an older one
-    restarts."""
-    record = _read_json(os.path.join(save_dir, RECORD)) or {}
-    record.update(budget=_budget(max_update, max_epoch), finished=True, stamp=uuid.uuid4().hex)
-    _write_json(os.path.join(save_dir, RECORD), record)
-
-
-def _optional_int(value: str) -> Optional[int]:
-    return None if value in ("", "-") else int(value)
+    return stages, train_config
 
 
 def main(argv: Optional[List[str]] = None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # stage: everything after "--" is fairseq-train's argument list, as the recipe will run it
+    train_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["check", "done", "fingerprint", "stage", "stage-done"],
+    parser.add_argument("command", choices=["check", "done", "fingerprint", "stage", "stage-end", "stage-key"],
                         help="check: exit 1 if stale; done: write the marker; fingerprint PATH...: print content "
-                             "fingerprints; stage: what a training stage must do; stage-done: record its end")
+                             "fingerprints; stage: what a training stage must do (fairseq-train's arguments after "
+                             "--); stage-end: after fairseq-train, whether the stage finished; stage-key: 12 hex "
+                             "digits naming the run of fairseq-train's arguments after -- wherever it lies")
     parser.add_argument("paths", nargs="*", help="fingerprint: the files or directories")
     parser.add_argument("--training-data", action="store_true",
                         help="fingerprint: of a data-bin, only what fairseq-train reads (dictionaries, train, valid)")
     parser.add_argument("--dir", help="the markers' directory (WORK/.done)")
     parser.add_argument("--name", help="the step")
     parser.add_argument("--after", default="", help="the step before it (its redoing makes this one stale)")
-    parser.add_argument("--settings", nargs="*", default=[], help="KEY=VALUE settings the outputs depend on")
+    parser.add_argument("--settings", nargs="*", default=[],
+                        help="KEY=VALUE settings the outputs depend on (a stage: what fairseq's configuration "
+                             "does not hold)")
     parser.add_argument("--input", nargs="*", default=[], metavar="NAME=PATH",
                         help="files or directories the step reads: their content fingerprints are settings")
     parser.add_argument("--save-dir", help="stage: the directory fairseq-train writes")
     parser.add_argument("--after-dir", default="", help="stage: the save dir of the stage it starts from")
-    parser.add_argument("--max-update", default="-", help="stage: its --max-update ('-' for none)")
-    parser.add_argument("--max-epoch", default="-", help="stage: its --max-epoch ('-' for none)")
     parser.add_argument("--on-change", choices=["refuse", "restart"], default="refuse",
-                        help="stage: checkpoints trained with other settings are refused (train.sh) or replaced "
-                             "(the extrapolation recipe, which owns its models)")
+                        help="stage: checkpoints trained with another configuration are refused (train.sh) or "
+                             "replaced (STAGE_ON_CHANGE=restart; the extrapolation recipe, which owns its models)")
     parser.add_argument("--adopt", action="store_true", help="stage: checkpoints without a record were trained "
-                                                             "with these settings (ADOPT_RUN=1)")
+                                                             "with this configuration (ADOPT_RUN=1)")
+    parser.add_argument("--preflight", action="store_true",
+                        help="stage: before the stage it starts from (re)trains, check only that its checkpoints "
+                             "are of this configuration (exit 2 when they are not)")
     parser.add_argument("--act", action="store_true", help="stage: also prepare SAVE_DIR for the decision "
                                                            "(the first node only)")
     parser.add_argument("--launch", default="", help="stage: an id every node of one launch shares; with --act "
                                                      "it is recorded with the decision")
     parser.add_argument("--wait", type=float, default=0, metavar="SECONDS",
-                        help="stage: take the decision the first node recorded for --launch, waiting up to SECONDS")
+                        help="stage: take the decision the first node recorded for --launch, waiting up to SECONDS; "
+                             "stage-end --not-first: wait up to SECONDS for the first node's last save")
+    parser.add_argument("--exit-code", type=int, default=0, help="stage-end: fairseq-train's exit code")
+    parser.add_argument("--split-for", default="", metavar="ENCODING",
+                        help="stage-key: first print --flags split into the flags both of FLOATER's stages take and "
+                             "ENCODING's own (two lines), then the key of the arguments with the first kind appended")
+    parser.add_argument("--flags", default="", help="stage-key --split-for: the model flags (MODEL_FLAGS EXTRA_FLAGS)")
+    parser.add_argument("--not-first", action="store_true",
+                        help="stage-end: on a node other than the first (it reads the record, writes nothing)")
     args = parser.parse_intermixed_args(argv)
     try:
         settings = parse_settings(args.settings)
@@ -336,23 +207,41 @@ def main(argv: Optional[List[str]] = None):
             for path in args.paths:
                 print(fingerprint(path, TRAINING_DATA if args.training_data else None))
             return
-        if args.command in ("stage", "stage-done"):
+        if args.command in ("stage", "stage-end", "stage-key"):
+            stages, train_config = _stages()
+            if args.command == "stage-key":
+                if args.split_for:  # FLOATER's protocol: its two kinds of model flags first (recipe/flags.py)
+                    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                    from fairseq_posenc.recipe import flags
+
+                    both, own = flags.split(args.split_for, args.flags.split())
+                    print(" ".join(both))
+                    print(" ".join(own))
+                    train_args = train_args + both
+                print(train_config.identity(train_config.resolve(train_args, fingerprint), settings_list(settings)))
+                return
             if not args.save_dir:
                 parser.error(f"{args.command} needs --save-dir")
-            max_update, max_epoch = _optional_int(args.max_update), _optional_int(args.max_epoch)
-            if args.command == "stage-done":
-                stage_done(args.save_dir, max_update, max_epoch)
+            if args.command == "stage-end":
+                print(stages.stage_end(args.save_dir, args.exit_code, first=not args.not_first, wait=args.wait))
                 return
             if args.wait:
-                print(f"{wait_for_decision(args.save_dir, args.launch, args.wait)} as the first node decided")
+                print(f"{stages.wait_for_decision(args.save_dir, args.launch, args.wait)} as the first node decided")
                 return
-            decision, reason = stage_decision(args.save_dir, settings, args.after_dir, max_update, max_epoch,
-                                              args.on_change, args.adopt)
+            if not train_args:
+                parser.error("stage needs fairseq-train's arguments after --")
+            config = train_config.resolve(train_args, fingerprint)
+            decision, reason = stages.decide(args.save_dir, settings, config, args.after_dir, args.on_change,
+                                             args.adopt, args.preflight)
             if args.act:
-                act(args.save_dir, decision, settings, args.after_dir, max_update, max_epoch, args.launch)
+                stages.act(args.save_dir, decision, settings, config, args.after_dir, args.launch)
             print(f"{decision} {reason}")
             return
-    except (ValueError, Refusal) as e:
+    except ValueError as e:
+        parser.exit(2, f"steps.py: error: {e}\n")
+    except Exception as e:
+        if type(e).__name__ != "Refusal":
+            raise
         parser.exit(2, f"steps.py: error: {e}\n")
     if not (args.dir and args.name):
         parser.error(f"{args.command} needs --dir and --name")
@@ -363,6 +252,10 @@ def main(argv: Optional[List[str]] = None):
     if reason:
         print(reason)
         sys.exit(1)
+
+
+def settings_list(settings: Dict[str, str]) -> List[str]:
+    return [f"{k}={v}" for k, v in sorted(settings.items())]
 
 
 if __name__ == "__main__":

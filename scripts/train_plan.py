@@ -23,7 +23,12 @@ make an update, so one update holds about max_tokens x world x update_freq token
 that is kept within 0.1% of 32768 padded tokens (8 x 4096, the ~25k source + 25k target tokens of
 Vaswani et al.) at any world size; a given --max-tokens (or a longest pair above what the world
 allows) states its deviation and is refused past 5% unless --allow-batch. --batch-target sets
-another target: IWSLT'14 trains at fairseq's example's 4096 (one GPU, update-freq 1).
+another target: IWSLT'14 trains at fairseq's example's 4096 (one GPU, update-freq 1); the WMT
+recipes' LARGE_BATCH=1 at 16x 32768 (fairseq's examples/scaling_nmt big batches, recipes/common.sh).
+The plan prints the padded tokens an update holds on average (whole sentences, a multiple of 8 a
+batch, fill a small --max-tokens less) and warns below 2048 tokens a GPU (512 at 64 GPUs: a step
+is small against the all-reduce of every gradient, and an update holds ~19% fewer tokens on WMT14
+En-De's lengths than with 4096-token batches).
 
 Time and memory (--tokens-per-second, IWSLT's plan): the updates x this corpus's target tokens
 an update / an assumed speed (fairseq's wps), and the GPU memory of weights, gradients and Adam.
@@ -138,6 +143,9 @@ def update_freq_for(max_tokens: int, gpus: int, target: int = TOKENS_PER_UPDATE)
 
 BATCH_TOLERANCE = 0.05  # tokens per update within 5% of the target, or the plan says why not
 MAX_TOKENS_PER_GPU = 4096  # the papers' batch per GPU (fits fp16 base and big on 16 GB)
+# below this a GPU's batch is small against what every step exchanges (the all-reduce of every
+# gradient, the same size whatever the batch), and whole sentences fill its cap less: the plan warns
+SMALL_BATCH_PER_GPU = 2048
 
 
 def batch_for(max_tokens: Optional[int], gpus: int, update_freq: Optional[int] = None,
@@ -355,6 +363,14 @@ def batches_per_epoch(src_sizes, tgt_sizes, max_tokens: int) -> int:
     LanguagePairDataset.ordered_indices) and cut by fairseq's batch_by_size, batch sizes a
     multiple of 8 where they exceed 8 (fairseq's --required-batch-size-multiple default), with
     the plugin's fix that keeps the remainder fairseq would drop (what --user-dir loads)."""
+    return batch_layout(src_sizes, tgt_sizes, max_tokens)[0]
+
+
+def batch_layout(src_sizes, tgt_sizes, max_tokens: int):
+    """(batches, padded tokens of all of them) of :func:`batches_per_epoch`'s batches: a batch
+    holds its sentence count x its longest pair (source or target), what --max-tokens caps. Whole
+    sentences, a multiple of 8 of them, fill a small cap less: on WMT14 En-De's lengths 96% of
+    4096 tokens, 78% of 512."""
     import numpy as np
     from fairseq.data import data_utils
 
@@ -374,7 +390,10 @@ def batches_per_epoch(src_sizes, tgt_sizes, max_tokens: int) -> int:
     num_tokens = np.maximum(src_sizes, tgt_sizes)
     batches = data_utils.batch_by_size(indices, lambda i: num_tokens[i], num_tokens_vec=num_tokens[indices],
                                        max_tokens=max_tokens, required_batch_size_multiple=8)
-    return len(batches)
+    counts = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    longest_in = np.maximum.reduceat(num_tokens[np.concatenate(batches)], starts)
+    return len(batches), int((longest_in * counts).sum())
 
 
 def updates_per_epoch(batches: int, gpus: int, update_freq: int) -> int:
@@ -524,10 +543,11 @@ def make_plan(args) -> Dict[str, str]:
                and max_tokens * workers * update_freq > target)  # by the longest pair
     args.max_tokens = max_tokens
     interval = SAVE_INTERVAL[args.arch] if args.save_interval_updates == "auto" else int(args.save_interval_updates)
-    batches = batches_per_epoch(src_sizes, tgt_sizes, args.max_tokens)
+    batches, padded = batch_layout(src_sizes, tgt_sizes, args.max_tokens)
     per_epoch = updates_per_epoch(batches, workers, update_freq)
     tokens = args.max_tokens * workers * update_freq
     real_tokens = int(src_sizes.sum() + tgt_sizes.sum())
+    padded_per_update = padded / per_epoch
     print(f"| device: {device['DEVICE_DESC']}")
     print(f"| world: {describe_world(world, cpu)}")
     unit = "GPU" if not cpu else "CPU process" if workers == 1 else "CPU processes"
@@ -544,6 +564,11 @@ def make_plan(args) -> Dict[str, str]:
     print(f"| training set: {len(src_sizes)} pairs, {real_tokens} tokens (source + target, with </s>), "
           f"{batches} batches of --max-tokens {args.max_tokens}")
     print(f"| updates per epoch: {per_epoch}")
+    print(f"| padded tokens per update: {padded_per_update:.0f} on average ({padded_per_update / tokens - 1:+.1%} from "
+          f"the {tokens} cap: a batch holds whole sentences, a multiple of 8 of them)")
+    if not cpu and args.max_tokens < SMALL_BATCH_PER_GPU:
+        for line in small_batch_warning(src_sizes, tgt_sizes, args.max_tokens, workers, padded_per_update, target):
+            print(line)
     pair = training_pair(args.data_bin)
     vocab = dictionary_size(args.data_bin, args.src or pair[0])
     if not same_dictionary(args.data_bin, args.src or pair[0], args.tgt or pair[1]):
@@ -612,6 +637,26 @@ def make_plan(args) -> Dict[str, str]:
     return values
 
 
+def small_batch_warning(src_sizes, tgt_sizes, max_tokens: int, workers: int, padded_per_update: float,
+                        target: int) -> List[str]:
+    """The plan's warning for a batch of fewer than SMALL_BATCH_PER_GPU tokens a GPU (many GPUs
+    sharing one update: 512 each at 64 GPUs), with what the same update holds at 4096 a GPU."""
+    full = min(MAX_TOKENS_PER_GPU, target)
+    full_batches, full_padded = batch_layout(src_sizes, tgt_sizes, full)
+    full_gpus = max(1, target // full)
+    full_freq = max(1, round(target / (full * full_gpus)))
+    full_per_update = full_padded / updates_per_epoch(full_batches, full_gpus, full_freq)
+    fewer = max(1, target // SMALL_BATCH_PER_GPU)
+    return [f"| warning: {max_tokens} tokens a batch on each of {workers} GPUs, below ~{SMALL_BATCH_PER_GPU}: a step "
+            f"computes little against the all-reduce of every gradient, which does not shrink with the batch (expect "
+            f"it communication-bound), and an update holds {padded_per_update:.0f} padded tokens on average, "
+            f"{padded_per_update / full_per_update - 1:+.1%} from {full_per_update:.0f} with {full}-token batches "
+            f"(more updates an epoch, the lr and the update count unchanged)",
+            f"|   train on {fewer} GPUs or fewer for the same update with {SMALL_BATCH_PER_GPU} tokens or more a "
+            f"GPU, or with a larger update: LARGE_BATCH=1 (WMT recipes: fairseq's scaling_nmt batch, 16x, with its lr; "
+            f"see recipes/README.md)"]
+
+
 def time_and_memory(updates: int, target_tokens: int, per_epoch: int, tokens_per_second: float, params: int,
                     note: str = "") -> List[str]:
     """Lines on how long ``updates`` take at ``tokens_per_second`` target tokens a second
@@ -664,19 +709,14 @@ def totals(plans: str, out: str, allow: bool = False) -> List[str]:
 
 
 def read_progress(path: str):
-    """(updates, finished epochs) of a fairseq checkpoint."""
-    import torch
-
+    """(updates, finished epochs) of a fairseq checkpoint (fairseq_posenc/recipe/stages.py reads it)."""
     if not os.path.isfile(path):
         raise PlanError(f"no checkpoint {path}: has training run?")
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except Exception:  # an older (non-zip) checkpoint cannot be memory-mapped
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    updates = state["optimizer_history"][-1]["num_updates"]
-    iterator = state.get("extra_state", {}).get("train_iterator", {})
-    # fairseq stores the next epoch once an epoch is over, the current one during it
-    return updates, iterator.get("epoch", 1) - 1
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_posenc",
+                                    "recipe"))
+    import stages
+
+    return stages.read_progress(path)
 
 
 def check_finished(checkpoint: str, max_update: Optional[int], max_epoch: Optional[int]) -> str:

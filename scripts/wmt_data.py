@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Fetch the official WMT archives a recipe lists, and extract its corpora as plain text.
 
-    # check (or download) every archive of a recipe's `sources` file
+    # check (or download: DOWNLOAD_TIMEOUT, default 60 s of silence) every archive of a recipe's `sources` file
     python scripts/wmt_data.py fetch --sources recipes/wmt14_en_de/sources --raw-dir orig/ [--no-download]
+    # one line naming the archives' content (sha256), kept in --cache between runs: the extract step's key
+    python scripts/wmt_data.py fingerprint --sources recipes/wmt14_en_de/sources --raw-dir orig/ --cache FILE
     # write train/valid/test.{src,tgt}: training corpora concatenated, .sgm test sets read as text
     python scripts/wmt_data.py extract --sources recipes/wmt14_en_de/sources --raw-dir orig/ \\
         --src en --tgt de --out-dir raw/
@@ -10,9 +12,9 @@
 A `sources` file has two kinds of lines (``#`` starts a comment; fields separated by spaces):
 
     archive FILE URL CHECKSUM              CHECKSUM is md5:HEX, sha256:HEX, - (not verified) or
-                                           record (none published: the first use records the
-                                           archive's sha256 and size in FILE.sha256, later uses
-                                           check them)
+                                           record (none published: the first use checks that the
+                                           archive is whole, records its sha256 and size in
+                                           FILE.sha256, later uses check them)
     SPLIT FILE SOURCE_MEMBER TARGET_MEMBER   SPLIT is train, valid or test; members of archive FILE
 
 FILE may sit in a directory of the cache (``iwslt14/de-en.tgz``: every IWSLT year names its
@@ -27,6 +29,7 @@ import argparse
 import gzip
 import hashlib
 import itertools
+import json
 import logging
 import os
 import re
@@ -34,6 +37,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.request
 import zlib
 from dataclasses import dataclass
@@ -101,11 +105,33 @@ def archive_path(raw_dir: str, file: str) -> str:
     return path
 
 
+PROGRESS_FROM = 256 << 20  # a file this large says how far its hashing got (on stderr), every PROGRESS_EVERY s
+PROGRESS_EVERY = 2.0
+
+
 def file_digest(path: str, algorithm: str) -> str:
+    """The hex digest of a file's content, read in 4 MiB blocks; a file of PROGRESS_FROM bytes or
+    more reports its progress and its speed on stderr (stdout may be a value the caller keeps)."""
     digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    size, done, name = os.path.getsize(path), 0, os.path.basename(path)
+    show = size >= PROGRESS_FROM
+    start = last = time.monotonic()
+    buffer = bytearray(4 << 20)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buffer)
+            if not n:
+                break
+            digest.update(view[:n])
+            done += n
+            if show and time.monotonic() - last >= PROGRESS_EVERY:
+                last = time.monotonic()
+                print(f"\r   {algorithm} of {name}: {done >> 20} / {size >> 20} MiB", end="", file=sys.stderr, flush=True)
+    if show:
+        seconds = max(time.monotonic() - start, 1e-9)
+        print(f"\r   {algorithm} of {name}: {size >> 20} MiB in {seconds:.1f} s ({size / seconds / 1e6:.0f} MB/s)",
+              file=sys.stderr, flush=True)
     return digest.hexdigest()
 
 
@@ -132,6 +158,7 @@ def verify_recorded(path: str) -> str:
     digest = file_digest(path, "sha256")
     name = os.path.basename(path)
     if not os.path.isfile(record):
+        check_complete(path)  # what is recorded now is what every later run is held to
         try:
             with open(record, "w", encoding="utf-8") as f:
                 f.write(f"{digest}  {size}  {name}\n")
@@ -145,18 +172,54 @@ def verify_recorded(path: str) -> str:
     return f"{name}: sha256 and size ({size} bytes) as recorded at its first use ({record})"
 
 
-def download(url: str, path: str):
-    """Download to ``path`` through ``path.part``: an interrupted download, or one that ends
-    before the Content-Length the server announced, leaves no file at ``path``."""
+def check_complete(path: str):
+    """Raise DataError unless ``path`` is a whole archive: a compressed stream (gzip, bzip2, xz)
+    read to its end (its checksum and length checked), a plain tar archive whose last member lies
+    inside the file. Run before a checksum is recorded for an archive that has none published, so
+    that a download cut short (by a server that announced no Content-Length) is not recorded as
+    the reference."""
+    import bz2
+    import lzma
+
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        opener = {b"\x1f\x8b": gzip.open, b"BZ": bz2.open, b"\xfd7": lzma.open}.get(magic[:2])
+        if opener:
+            with opener(path, "rb") as f:
+                while f.read(1 << 22):
+                    pass
+        else:
+            with tarfile.open(path, "r:") as tar:
+                end = max((m.offset_data + m.size for m in tar), default=0)
+            if end > os.path.getsize(path):
+                raise EOFError(f"its last member ends at byte {end}, past the file's end")
+    except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error, OSError, lzma.LZMAError) as e:
+        raise DataError(f"{path} is incomplete or not an archive ({e}): a download cut short? delete it and run "
+                        f"again (nothing was recorded for it)") from None
+
+
+DOWNLOAD_TIMEOUT = 60.0  # seconds without a byte from the server before a download gives up (env DOWNLOAD_TIMEOUT)
+
+
+def download(url: str, path: str, timeout: float = DOWNLOAD_TIMEOUT):
+    """Download to ``path`` through ``path.part``: an interrupted download, one that ends
+    before the Content-Length the server announced, or one that receives nothing for ``timeout``
+    seconds (connecting, or between two reads) leaves no file at ``path``."""
     part = path + ".part"
-    with urllib.request.urlopen(url) as response, open(part, "wb") as out:
-        total = int(response.headers.get("Content-Length") or 0)
-        done = 0
-        for block in iter(lambda: response.read(1 << 22), b""):
-            out.write(block)
-            done += len(block)
-            if total:
-                print(f"\r  {os.path.basename(path)}: {done >> 20} / {total >> 20} MiB", end="", file=sys.stderr)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0)
+            done = 0
+            for block in iter(lambda: response.read(1 << 22), b""):
+                out.write(block)
+                done += len(block)
+                if total:
+                    print(f"\r  {os.path.basename(path)}: {done >> 20} / {total >> 20} MiB", end="", file=sys.stderr)
+    except BaseException:
+        if os.path.exists(part):
+            os.remove(part)
+        raise
     print(file=sys.stderr)
     if total and done != total:
         os.remove(part)
@@ -164,9 +227,11 @@ def download(url: str, path: str):
     os.replace(part, path)
 
 
-def fetch(archives: List[Archive], raw_dir: str, allow_download: bool, check: bool = True, mirror: str = ""):
+def fetch(archives: List[Archive], raw_dir: str, allow_download: bool, check: bool = True, mirror: str = "",
+          timeout: float = DOWNLOAD_TIMEOUT):
     """Check every archive first (so that nothing is written when one is missing), then download
-    (from ``mirror``/FILE instead of the official URL when a mirror is given)."""
+    (from ``mirror``/FILE instead of the official URL when a mirror is given), giving up on a
+    server silent for ``timeout`` seconds."""
     missing = [a for a in archives if not os.path.isfile(archive_path(raw_dir, a.file))]
     if missing and not allow_download:
         a = missing[0]
@@ -186,22 +251,111 @@ def fetch(archives: List[Archive], raw_dir: str, allow_download: bool, check: bo
             url = f"{mirror.rstrip('/')}/{a.file}" if mirror else a.url
             print(f"| downloading {url}")
             try:
-                download(url, path)
+                download(url, path, timeout)
             except OSError as e:
+                if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
+                    e = f"nothing received for {timeout:g} s; DOWNLOAD_TIMEOUT=SECONDS waits longer"
                 raise DataError(f"could not download {url} ({e}): download it by hand into {raw_dir}/ "
                                 f"and pass --raw-dir {raw_dir}") from None
         print("| " + (verify(path, a.checksum) if check else f"{a.file}: checksum not verified (asked not to)"))
 
 
-def fingerprint(archives: List[Archive], raw_dir: str) -> str:
-    """A digest of the archives' names, sizes and modification times: the extract step's
-    setting, so that a replaced archive redoes it (and everything after it)."""
+def fingerprint(archives: List[Archive], raw_dir: str, cache: str = "") -> str:
+    """The extract step's setting: a digest of the archives' names and contents (the sha256 of
+    each), so that a replaced archive redoes the extraction (and everything after it) and the same
+    archives copied elsewhere (other path, other dates) do not. ``cache`` (a JSON file) keeps each
+    archive's sha256 with the path, size, mtime, ctime and inode it was read at: an archive none
+    of them changed is not read again, a copy is read once."""
+    known = _read_digest_cache(cache) if cache else {}
+    digest, hashed = hashlib.sha256(), {}
+    for a in archives:
+        path = archive_path(raw_dir, a.file)
+        if os.path.isfile(path):
+            key = os.path.realpath(path)
+            stat = _stat_entry(path)
+            entry = known.get(key)
+            if not (isinstance(entry, dict) and all(entry.get(k) == v for k, v in stat.items())
+                    and isinstance(entry.get("sha256"), str)):
+                entry = hashed[key] = {**stat, "sha256": file_digest(path, "sha256")}
+            sha = entry["sha256"]
+        else:
+            sha = "missing"
+        digest.update(f"{a.file} {sha}\n".encode())
+    if cache and hashed:
+        _write_digest_cache(cache, {**{k: v for k, v in known.items() if os.path.isfile(k)}, **hashed})
+    return FINGERPRINT_PREFIX + digest.hexdigest()[:16]
+
+
+FINGERPRINT_PREFIX = "sha256-"
+
+
+def _stat_entry(path: str) -> Dict[str, int]:
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+
+
+def _read_digest_cache(cache: str) -> Dict[str, dict]:
+    try:
+        with open(cache, encoding="utf-8") as f:
+            data = json.load(f)
+        return data["files"] if isinstance(data, dict) and isinstance(data.get("files"), dict) else {}
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}  # none yet, or unreadable: every archive is read again
+
+
+def _write_digest_cache(cache: str, files: Dict[str, dict]):
+    """Written whole through a temporary file: a run stopped half-way, or two runs at once, leave
+    one complete cache (at worst without an entry, which is then read again)."""
+    tmp = f"{cache}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"about": "sha256 of the archives, by path, size, mtime, ctime and inode "
+                                "(scripts/wmt_data.py fingerprint)", "files": files}, f, indent=1, sort_keys=True)
+        os.replace(tmp, cache)
+    except OSError as e:
+        print(f"   (the archives' sha256 could not be kept in {cache}: {e}; the next run reads them again)",
+              file=sys.stderr)
+
+
+def legacy_fingerprint(archives: List[Archive], raw_dir: str) -> str:
+    """The fingerprint of earlier versions (names, sizes and modification times), recognised
+    once so that an extraction made with it is not redone only because the key changed."""
     digest = hashlib.md5()
     for a in archives:
         path = archive_path(raw_dir, a.file)
         st = os.stat(path) if os.path.isfile(path) else None
         digest.update(f"{a.file} {st.st_size if st else -1} {st.st_mtime_ns if st else -1}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def upgrade_marker(marker: str, archives: List[Archive], raw_dir: str, new: str, key: str = "archives") -> bool:
+    """A step marker (scripts/steps.py's JSON) whose ``key`` setting is the legacy fingerprint of
+    these very archives (same names, sizes and dates: what earlier versions trusted) gets ``new``
+    in its place, its stamp kept, so that neither it nor the steps after it run again. Anything
+    else (no marker, another value, another format) is left as it is. True when upgraded."""
+    try:
+        with open(marker, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    settings = data.get("settings") if isinstance(data, dict) else None
+    old = settings.get(key) if isinstance(settings, dict) else None
+    if not (isinstance(old, str) and re.fullmatch(r"[0-9a-f]{16}", old)):
+        return False  # none, or already a content key
+    if old != legacy_fingerprint(archives, raw_dir):
+        return False  # other archives, or the same ones with other dates: the step is redone
+    settings[key] = new
+    tmp = f"{marker}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, marker)
+    except OSError:
+        return False
+    print(f"   the archives are now keyed by their content (sha256), no longer by their dates: "
+          f"{os.path.basename(marker)} of the earlier run kept", file=sys.stderr)
+    return True
 
 
 def read_sgm(text: str) -> List[str]:
@@ -351,7 +505,15 @@ def main(argv: Optional[List[str]] = None):
     p_fetch.add_argument("--no-download", action="store_true", help="stop at the first missing archive")
     p_fetch.add_argument("--no-verify", action="store_true", help="do not check the published checksums")
     p_fetch.add_argument("--mirror", default="", help="download FILE from MIRROR/FILE (a URL) instead of its URL")
-    p_print = sub.add_parser("fingerprint", help="print one line that changes when an archive is replaced")
+    p_fetch.add_argument("--timeout", type=float, default=os.environ.get("DOWNLOAD_TIMEOUT") or str(DOWNLOAD_TIMEOUT),
+                         help="give up on a server that sends nothing for this many seconds "
+                              f"(env DOWNLOAD_TIMEOUT, default {DOWNLOAD_TIMEOUT:g})")
+    p_print = sub.add_parser("fingerprint", help="print one line that changes when an archive's content changes")
+    p_print.add_argument("--cache", default="", help="a JSON file keeping each archive's sha256 between runs "
+                                                     "(by path, size, mtime, ctime and inode)")
+    p_print.add_argument("--upgrade-marker", default="", metavar="MARKER",
+                         help="a step marker recording the earlier size-and-date fingerprint of these same "
+                              "archives gets the new one instead (scripts/steps.py's JSON, setting 'archives')")
     p_extract = sub.add_parser("extract", help="write SPLIT.{src,tgt} from the archives' members")
     p_extract.add_argument("--out-dir", required=True)
     for p in (p_fetch, p_extract, p_print):
@@ -360,14 +522,19 @@ def main(argv: Optional[List[str]] = None):
         p.add_argument("--src", default="", help="source language (fills {src} in member names)")
         p.add_argument("--tgt", default="", help="target language (fills {tgt})")
     args = parser.parse_args(argv)
+    if args.command == "fetch" and not args.timeout > 0:
+        parser.error(f"--timeout (DOWNLOAD_TIMEOUT) must be a number of seconds above 0, got {args.timeout:g}")
     prog = os.path.basename(sys.argv[0] if argv is None else "wmt_data.py")
     try:
         archives, corpora = read_sources(args.sources, args.src, args.tgt)
         if args.command == "fetch":
             fetch(archives, args.raw_dir, allow_download=not args.no_download, check=not args.no_verify,
-                  mirror=args.mirror)
+                  mirror=args.mirror, timeout=args.timeout)
         elif args.command == "fingerprint":
-            print(fingerprint(archives, args.raw_dir))
+            key = fingerprint(archives, args.raw_dir, args.cache)
+            if args.upgrade_marker:
+                upgrade_marker(args.upgrade_marker, archives, args.raw_dir, key)
+            print(key)
         else:
             counts = extract(corpora, args.raw_dir, args.src, args.tgt, args.out_dir)
             print("| " + ", ".join(f"{k}: {v} pairs" for k, v in counts.items()))

@@ -377,3 +377,150 @@ def test_the_extrapolation_recipe_keeps_iwslts_two_dictionaries(prepared):
             (base / "data" / "data-bin" / f"dict.{lang}.txt").read_text()
     assert "--arch transformer_sinusoidal_iwslt_de_en" in stdout and "--share-decoder-input-output-embed" in stdout
     assert "== --dry-run: nothing trained, no report" in stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# the download (issue 31, item 6): https, a timeout, a checksum recorded the first time. Nothing is
+# downloaded from outside: a server on 127.0.0.1 started here serves (or withholds) de-en.tgz.
+def test_the_archive_comes_over_https():
+    archive = read_sources(os.path.join(RECIPE, "sources"))[0][0]
+    assert archive.url == "https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
+    assert archive.checksum == "record"
+
+
+class _Server:
+    """An HTTP server on 127.0.0.1 for one test: serves ``body`` (with a Content-Length unless
+    ``length`` is False), or, with ``stall``, the headers and 10 bytes, then nothing until the test
+    ends (at most 5 s)."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.body, self.length, self.stall, self.released = b"", True, False, threading.Event()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                if server.stall:
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    self.wfile.write(b"0123456789")
+                    self.wfile.flush()
+                    server.released.wait(5)
+                    return
+                if server.length:
+                    self.send_header("Content-Length", str(len(server.body)))
+                self.end_headers()
+                self.wfile.write(server.body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.released.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = _Server()
+    yield s
+    s.close()
+
+
+def _fetch(cache, mirror, capsys):
+    """wmt_data.py fetch of the recipe's sources into ``cache`` from ``mirror``: (exit code, stdout, stderr)."""
+    from wmt_data import main as wmt_data
+
+    code = 0
+    try:
+        wmt_data(["fetch", "--sources", os.path.join(RECIPE, "sources"), "--raw-dir", str(cache), "--mirror", mirror])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_silent_server_stops_the_download_after_download_timeout_and_leaves_no_file(tmp_path, server, capsys,
+                                                                                      monkeypatch):
+    import time
+
+    server.stall = True
+    monkeypatch.setenv("DOWNLOAD_TIMEOUT", "0.5")
+    start = time.monotonic()
+    code, out, err = _fetch(tmp_path / "cache", server.url, capsys)
+    elapsed = time.monotonic() - start
+    url = f"{server.url}/iwslt14/de-en.tgz"
+    assert code == 2 and elapsed < 4, (code, elapsed, err)  # not the server's 5 s
+    assert err.strip().splitlines()[-1] == (
+        f"wmt_data.py: error: could not download {url} (nothing received for 0.5 s; DOWNLOAD_TIMEOUT=SECONDS waits "
+        f"longer): download it by hand into {tmp_path}/cache/ and pass --raw-dir {tmp_path}/cache")
+    assert os.listdir(tmp_path / "cache" / "iwslt14") == []  # neither de-en.tgz nor de-en.tgz.part
+
+
+def test_the_timeout_reaches_urlopen(tmp_path, monkeypatch):
+    import wmt_data
+
+    seen = []
+
+    def urlopen(url, timeout=None):
+        seen.append(timeout)
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(wmt_data.urllib.request, "urlopen", urlopen)
+    archives = read_sources(os.path.join(RECIPE, "sources"))[0]
+    with pytest.raises(wmt_data.DataError, match=r"\(nothing received for 7 s; DOWNLOAD_TIMEOUT=SECONDS waits"):
+        wmt_data.fetch(archives, str(tmp_path), allow_download=True, timeout=7)
+    monkeypatch.delenv("DOWNLOAD_TIMEOUT", raising=False)
+    with pytest.raises(SystemExit):
+        wmt_data.main(["fetch", "--sources", os.path.join(RECIPE, "sources"), "--raw-dir", str(tmp_path)])
+    assert seen == [7, 60]
+    monkeypatch.setenv("DOWNLOAD_TIMEOUT", "0")  # would not wait at all: refused before anything
+    with pytest.raises(SystemExit) as stop:
+        wmt_data.main(["fetch", "--sources", os.path.join(RECIPE, "sources"), "--raw-dir", str(tmp_path)])
+    assert stop.value.code == 2 and seen == [7, 60]
+
+
+def test_the_first_whole_download_is_recorded_and_a_cut_or_different_one_refused_with_one_line(tmp_path, server,
+                                                                                                capsys):
+    import hashlib
+
+    write_archive(str(tmp_path / "one.tgz"), seed=1, talks=1, per_talk=30)
+    write_archive(str(tmp_path / "two.tgz"), seed=2, talks=1, per_talk=30)
+    whole, other = (tmp_path / "one.tgz").read_bytes(), (tmp_path / "two.tgz").read_bytes()
+    cache = tmp_path / "cache"
+    path, record = cache / "iwslt14" / "de-en.tgz", cache / "iwslt14" / "de-en.tgz.sha256"
+    # a server that announces no length and stops early: nothing checks the size, the archive's end does
+    server.body, server.length = whole[: len(whole) * 2 // 3], False
+    code, out, err = _fetch(cache, server.url, capsys)
+    assert code == 2 and not record.exists()
+    assert err.strip().splitlines()[-1].startswith(f"wmt_data.py: error: {path} is incomplete or not an archive (")
+    assert err.strip().endswith("a download cut short? delete it and run again (nothing was recorded for it)")
+    # downloaded again whole: its sha256 and size recorded
+    os.remove(path)
+    server.body, server.length = whole, True
+    code, out, err = _fetch(cache, server.url, capsys)
+    sha = hashlib.sha256(whole).hexdigest()
+    assert code == 0 and path.read_bytes() == whole
+    assert f"| de-en.tgz: no published checksum; recorded sha256 {sha}, {len(whole)} bytes in {record}" in out
+    assert record.read_text().split()[:2] == [sha, str(len(whole))]
+    # the same archive: checked against the record, not downloaded
+    code, out, err = _fetch(cache, server.url, capsys)
+    assert code == 0 and "already there, not downloading" in out and "as recorded at its first use" in out
+    # another archive at the URL (deleted, downloaded again): refused, one line naming both and the way out
+    os.remove(path)
+    server.body = other
+    code, out, err = _fetch(cache, server.url, capsys)
+    assert code == 2 and path.read_bytes() == other
+    assert err.strip().splitlines()[-1] == (  # after the download's progress line
+        f"wmt_data.py: error: {path}: sha256 {hashlib.sha256(other).hexdigest()}, {len(other)} bytes, but {record} "
+        f"recorded {sha} {len(whole)} at its first use: another archive? delete {record} to accept this one")

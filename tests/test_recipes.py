@@ -497,6 +497,34 @@ def test_prepare_rerun_with_another_bpe_size_redoes_bpe_and_what_follows(prepare
     assert new < old
 
 
+def test_prepare_rerun_on_a_copy_of_the_archives_skips_every_step_and_keeps_a_corpus_keyed_the_old_way(
+        prepared, tmp_path):
+    """The archives copied to other storage (another path, new dates) are the same archives: the
+    extraction is keyed by their content, so a re-run skips all 7 steps. A corpus whose marker holds
+    the earlier size-and-date key of these same archives is kept too (issue 31, item 6)."""
+    import wmt_data
+
+    base, _, args, env = prepared("wmt14_en_de")
+    shutil.copytree(base / "raw", tmp_path / "cluster", copy_function=shutil.copy)
+    for name in os.listdir(tmp_path / "cluster"):
+        os.utime(tmp_path / "cluster" / name, ns=(1_600_000_000_000_000_000,) * 2)
+    shutil.copytree(base / "data", tmp_path / "data")
+    args = [{str(base / "data"): str(tmp_path / "data"), str(base / "raw"): str(tmp_path / "cluster")}.get(a, a)
+            for a in args]
+    out = ok(run("wmt14_en_de/prepare.sh", args, env))
+    assert out.count("done before, skipping") == 7 and "redoing" not in out, out
+    # a marker of the earlier key (sizes and dates): upgraded in place, nothing redone
+    sources = read_sources(os.path.join(RECIPES, "wmt14_en_de", "sources"), "en", "de")[0]
+    marker = tmp_path / "data" / ".done" / "extract"
+    record = json.loads(marker.read_text())
+    key = record["settings"]["archives"]
+    record["settings"]["archives"] = wmt_data.legacy_fingerprint(sources, str(tmp_path / "cluster"))
+    marker.write_text(json.dumps(record))
+    proc = run("wmt14_en_de/prepare.sh", args, env)
+    assert ok(proc).count("done before, skipping") == 7 and "keyed by their content (sha256)" in proc.stderr
+    assert json.loads(marker.read_text())["settings"]["archives"] == key
+
+
 def test_truncated_archive_in_the_cache_is_downloaded_again_after_deleting_it(tmp_path):
     write_archives("wmt14_en_de", str(tmp_path / "mirror"), "en", "de", train_pairs=90)
     cache = tmp_path / "cache"

@@ -38,7 +38,8 @@ def _calls(log):
     if not os.path.isfile(log):
         return []
     with open(log, encoding="utf-8") as f:
-        return [(os.path.basename(c["save_dir"]), c["from"], c["to"]) for c in map(json.loads, f)]
+        # the vanilla stage lives in a directory named by its configuration's key (vanilla-ARCH-KEY)
+        return [(os.path.basename(c["save_dir"]).split("-")[0], c["from"], c["to"]) for c in map(json.loads, f)]
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +90,16 @@ ROWS = {
         ({"MAX_UPDATE": "8"}, None, None, [("vanilla", 6, 8), ("floater", 0, 4)]),
     "a larger FLOATER_MAX_UPDATE: FLOATER resumes, vanilla stays":
         ({"FLOATER_MAX_UPDATE": "5"}, None, None, [("floater", 4, 5)]),
-    "another lr: refused, nothing trains":
-        ({"LR": "1e-3"}, None, None, "holds checkpoints of a run with other settings (settings changed: lr 2e-3 -> 1e-3"),
+    "another lr: refused before anything trains (FLOATER's stage is checked before the vanilla stage trains)":
+        ({"LR": "1e-3"}, None, None, "run/floater holds checkpoints of another configuration: lr: [0.001] -> [0.0005] "
+                                     "(lr_scheduler, model, optimization, optimizer)"),
     "a smaller MAX_UPDATE: refused (the averaged window would not be the stage's last)":
         ({"MAX_UPDATE": "4"}, None, None, "was trained to update 6 (epoch 0 finished), past the budget asked now"),
     "the same corpus at another path: nothing trains": ({}, None, "copy", []),
     "another corpus at the same path: refused (the data changed)":
-        ({}, None, "other", "holds checkpoints of a run with other settings (settings changed: data "),
+        ({}, None, "other", "holds checkpoints of another configuration: data: "),
     "checkpoints with no record (an older recipe's): refused":
-        ({}, _remove("vanilla", "stage.json"), None, "holds checkpoints but no record of the settings"),
+        ({}, _remove("vanilla", "stage.json"), None, "holds checkpoints but no record of the configuration"),
     "no record, ADOPT_RUN=1: vanilla adopted as finished, FLOATER starts over from it":
         ({"ADOPT_RUN": "1"}, _remove("vanilla", "stage.json"), None, [("floater", 0, 4)]),
     "FLOATER preempted: it resumes where it stopped, vanilla stays":
@@ -133,3 +135,67 @@ def test_a_rerun_redoes_exactly_the_stages_that_depend_on_what_changed(finished,
         assert "== 3/3 averaging the last 2 interval checkpoints" in proc.stdout
     with open(os.path.join(out, "vanilla", "train.log")) as f:
         assert f.read().count("== ") >= 2  # appended to, never truncated: the first run's lines are still there
+
+
+def test_a_stage_whose_checkpoints_finished_it_is_finished_whatever_the_exit_code(tmp_path):
+    """fairseq-train killed just after its last save (or a rank aborting at teardown): the stage
+    counts as finished, with a warning naming the exit code, and the protocol goes on to stage 2;
+    killed before its budget, the run fails and a re-run resumes it."""
+    data_bin = _corpus(str(tmp_path / "corpus"), seed=1)
+    log = str(tmp_path / "calls.jsonl")
+    proc = _run(str(tmp_path / "run"), data_bin, log, STUB_FAIL_IN="vanilla", STUB_FAIL_AFTER="6")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "WARNING: fairseq-train exited with code 1 after the stage finished (checkpoint_last.pt is at update 6" \
+        in proc.stderr
+    assert _calls(log) == [("vanilla", 0, 6), ("floater", 0, 4)]
+
+    log = str(tmp_path / "calls2.jsonl")
+    # another parent directory: the first run's finished vanilla stage is shared by every run under its parent
+    proc = _run(str(tmp_path / "b" / "run2"), data_bin, log, STUB_FAIL_IN="vanilla", STUB_FAIL_AFTER="3")
+    assert proc.returncode == 2
+    assert "fairseq-train failed with exit code 1 before the stage finished" in proc.stderr
+    assert _calls(log) == [("vanilla", 0, 3)]
+    proc = _run(str(tmp_path / "b" / "run2"), data_bin, log)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert _calls(log) == [("vanilla", 0, 3), ("vanilla", 3, 6), ("floater", 0, 4)]
+
+
+def test_floater_variants_share_one_vanilla_stage(tmp_path):
+    """Table 2's input-block row after the every-block row (another OUT, the same vanilla
+    configuration): the vanilla stage is trained once, in one directory keyed by its configuration,
+    and the dry run names that directory for both rows."""
+    data_bin = _corpus(str(tmp_path / "corpus"), seed=1)
+    log = str(tmp_path / "calls.jsonl")
+    rows = {"all": {}, "input": {"POSITION_BLOCKS": "input"}}
+    dry = {name: _run(str(tmp_path / "runs" / name), data_bin, log, DRY_RUN="1", **env) for name, env in rows.items()}
+    shared = set()
+    for proc in dry.values():
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        (line,) = [x for x in proc.stdout.splitlines() if x.startswith("== 1/3 vanilla stage: ")]
+        shared.add(line.split()[4])
+    assert len(shared) == 1 and os.path.basename(shared.pop()).startswith("vanilla-base-")
+    for name, env in rows.items():
+        proc = _run(str(tmp_path / "runs" / name), data_bin, log, **env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert _calls(log) == [("vanilla", 0, 6), ("floater", 0, 4), ("floater", 0, 4)]
+    assert os.path.realpath(tmp_path / "runs" / "all" / "vanilla") == os.path.realpath(
+        tmp_path / "runs" / "input" / "vanilla")
+    # a setting of the vanilla stage changed: another vanilla directory, the first one untouched
+    proc = _run(str(tmp_path / "runs" / "other"), data_bin, log, WARMUP="4")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert _calls(log)[3:] == [("vanilla", 0, 6), ("floater", 0, 4)]
+    assert len(os.listdir(tmp_path / "runs" / "shared")) == 2
+
+
+def test_a_refused_rerun_leaves_the_label_of_the_run_that_trained(finished, tmp_path):
+    """train.env (what evaluate.sh labels the checkpoint with) is written once the decision accepted
+    the run: a refused re-run without EVAL_BLEU keeps a BLEU-selected run's label."""
+    base, data_bin = finished
+    out = str(tmp_path / "run")
+    shutil.copytree(base / "run", out)
+    with open(os.path.join(out, "train.env"), "a") as f:
+        f.write("TRAINED_BEST_METRIC=bleu\n")
+    before = open(os.path.join(out, "train.env")).read()
+    proc = _run(out, _copy_bin(data_bin, tmp_path / "bin"), str(tmp_path / "calls.jsonl"), LR="1e-3")
+    assert proc.returncode == 2 and "another configuration" in proc.stderr
+    assert open(os.path.join(out, "train.env")).read() == before

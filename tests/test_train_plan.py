@@ -607,3 +607,130 @@ def test_the_length_distribution_says_what_a_short_to_long_split_trains_on_and_t
     assert "| shorter than 50 (trained on): 49 (49.00%)" in proc.stdout
     assert ("| [50,60): 10 sentences (tested)\n| [60,80): 20 sentences (tested)\n| [80,inf): 21 sentences (tested)"
             in proc.stdout)
+
+
+# ------------------------------------------------------------------------------------------------
+# many GPUs: a small batch on each is warned about; LARGE_BATCH=1, fairseq's scaling_nmt batch
+@pytest.fixture(scope="module")
+def wmt_like(tmp_path_factory):
+    """40,000 pairs with the length distribution of tests/test_papers_doc.py's WMT14 En-De corpus
+    (lognormal, ~29 subwords a side, 1-250), a corpus.env beside the data-bin, as prepare.sh writes."""
+    from test_papers_doc import _write_split
+
+    root = tmp_path_factory.mktemp("wmt")
+    rng = np.random.default_rng(0)
+    src = np.clip(rng.lognormal(3.2, 0.55, 40000).astype(np.int32), 1, 250)
+    tgt = np.clip((src * rng.uniform(0.8, 1.25, 40000)).astype(np.int32), 1, 250)
+    data_bin = root / "data-bin"
+    data_bin.mkdir()
+    for split, n in (("train", 40000), ("valid", 300), ("test", 300)):
+        _write_split(str(data_bin / f"{split}.en-de.en"), src[:n] + 1)
+        _write_split(str(data_bin / f"{split}.en-de.de"), tgt[:n] + 1)
+    for lang in ("en", "de"):
+        (data_bin / f"dict.{lang}.txt").write_text("".join(f"w{i} {1000 - i}\n" for i in range(996)))
+    (root / "corpus.env").write_text("RECIPE=wmt14_en_de\nSRC=en\nTGT=de\nBPE=subword-nmt\nBPE_SIZE=40000\n"
+                                     "VALID_NAME=split\nTEST_NAME=newstest\n")
+    return root
+
+
+def test_a_small_batch_on_each_gpu_is_warned_with_what_an_update_then_holds(wmt_like, run):
+    """32768 tokens an update over 64 GPUs are 512 a GPU: every step all-reduces every gradient for
+    a GPU's few sentences, and whole sentences (a multiple of 8 a batch) fill 512 tokens less than
+    4096, so an update holds fewer padded tokens and an epoch takes more updates (here 49, not 42;
+    on the 4.5M pairs of tests/test_papers_doc.py's WMT14 En-De corpus 5413, not 4396: -18.9%).
+    16 GPUs (2048 each) are not warned about, 24 (1365 each) are."""
+    data_bin = str(wmt_like / "data-bin")
+    plan = ["plan", "--data-bin", data_bin, "--stage", "train", "100000", "-", "--allow-low-disk"]
+    out = run(*plan, "--gpus", "8").stdout
+    assert "| updates per epoch: 42" in out
+    assert ("| padded tokens per update: 30662 on average (-6.4% from the 32768 cap: a batch holds whole sentences, "
+            "a multiple of 8 of them)") in out
+    assert "warning" not in out
+    out = run(*plan, "--gpus", "16").stdout
+    assert "| tokens per update: 2048 x 16 GPU x update-freq 1 = 32768" in out and "warning" not in out
+    out = run(*plan, "--gpus", "24").stdout
+    assert "| warning: 1365 tokens a batch on each of 24 GPUs, below ~2048" in out
+    proc = run(*plan, "--gpus", "64")
+    assert proc.returncode == 0, proc.stderr  # a warning, not a refusal
+    out = proc.stdout
+    assert "| tokens per update: 512 x 64 GPU x update-freq 1 = 32768 padded tokens at most" in out
+    assert "| updates per epoch: 49" in out
+    assert "| padded tokens per update: 25253 on average (-22.9% from the 32768 cap" in out
+    assert ("| warning: 512 tokens a batch on each of 64 GPUs, below ~2048: a step computes little against the "
+            "all-reduce of every gradient, which does not shrink with the batch (expect it communication-bound), and "
+            "an update holds 25253 padded tokens on average, -17.6% from 30662 with 4096-token batches") in out
+    assert ("|   train on 16 GPUs or fewer for the same update with 2048 tokens or more a GPU, or with a larger "
+            "update: LARGE_BATCH=1") in out
+    # the batch of LARGE_BATCH=1 (16x) on the same 64 GPUs: 4096 tokens a GPU, two batches an update
+    out = run(*plan[:5], "6250", "-", "--allow-low-disk", "--gpus", "64", "--batch-target", "524288",
+              "--save-interval-updates", "125").stdout
+    assert "| tokens per update: 4096 x 64 GPU x update-freq 2 = 524288 padded tokens at most (+0.0%" in out
+    assert "warning" not in out
+    # no warning on the CPU (no all-reduce over GPUs to weigh it against)
+    out = run(*plan, "--device", "cpu", "--precision=", "--max-tokens", "512", "--update-freq", "64",
+              "--allow-batch").stdout
+    assert "| tokens per update: 512 x 1 CPU process x update-freq 64" in out and "warning" not in out
+
+
+def _dry_run(wmt_like, tmp_path, **env):
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(SCRIPT))
+    env = {**os.environ, "DATA": str(wmt_like), "OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1",
+           "ENC": "sinusoidal", **env}
+    return subprocess.run(["bash", "recipes/wmt14_en_de/train.sh", "--dry-run"], cwd=repo, env=env,
+                          capture_output=True, text=True)
+
+
+def _would_run(stdout):
+    import shlex
+
+    line = next(l for l in stdout.splitlines() if l.startswith("== --dry-run: would run "))
+    return shlex.split(line[len("== --dry-run: would run "):])[1:]  # without fairseq-train itself
+
+
+def test_large_batch_mode_is_fairseqs_scaling_nmt_batch_and_lr_and_reaches_the_stages_configuration(wmt_like,
+                                                                                                   tmp_path):
+    """LARGE_BATCH=1: fairseq's examples/scaling_nmt README trains big batches with --update-freq
+    16 on its 8 GPUs (16x the batch) and lr 0.001. The recipe's update counts are divided by 16,
+    so that each stands for the same tokens: 100k base updates -> 6250, 300k big -> 18750, warmup
+    4000 -> 250, checkpoints every 1250 -> 125 (base) and 600 -> 50 (big). All are fairseq-train
+    flags, so the stage's resolved configuration holds them and a run into the same OUT without
+    the mode is another run (fairseq_posenc/recipe/train_config.differences)."""
+    from fairseq_posenc.recipe import train_config
+
+    default = _dry_run(wmt_like, tmp_path, ARCH="base", NUM_GPUS="64")
+    large = _dry_run(wmt_like, tmp_path, ARCH="base", NUM_GPUS="64", LARGE_BATCH="1")
+    assert default.returncode == 0 and large.returncode == 0, default.stderr + large.stderr
+    assert "| warning: 512 tokens a batch on each of 64 GPUs" in default.stdout
+    assert ("| tokens per update: 4096 x 64 GPU x update-freq 2 = 524288 padded tokens at most (+0.0% from "
+            "LARGE_BATCH=1's 524288)") in large.stdout
+    assert "warning" not in large.stdout
+    assert "| stage train: ends at its update 6250" in large.stdout
+    assert "| checkpoints: every 125 updates -> 34 interval checkpoints in stage train" in large.stdout
+    args = _would_run(large.stdout)
+    for flag, value in (("--lr", "1e-3"), ("--max-update", "6250"), ("--warmup-updates", "250"),
+                        ("--save-interval-updates", "125"), ("--max-tokens", "4096"), ("--update-freq", "2"),
+                        ("--distributed-world-size", "64")):
+        assert args[args.index(flag) + 1] == value, flag
+    old, new = train_config.resolve(_would_run(default.stdout)), train_config.resolve(args)
+    assert new["optimization.lr"] == [0.001] and new["lr_scheduler.warmup_updates"] == 250
+    assert train_config.tokens_per_update(old) == 32768 and train_config.tokens_per_update(new) == 524288
+    changed = train_config.differences(old, new)
+    assert "lr: [0.0007] -> [0.001] (lr_scheduler, model, optimization, optimizer)" in changed
+    assert "tokens per update (max_tokens x update_freq x world size): 32768 -> 524288" in changed
+    assert any(line.startswith("warmup_updates: 4000 -> 250") for line in changed)
+    # big on one node of 8 GPUs: fairseq's own layout, update-freq 16 (of 4096 tokens, not its 3584)
+    big = _dry_run(wmt_like, tmp_path, ARCH="big", NUM_GPUS="8", LARGE_BATCH="1")
+    assert big.returncode == 0, big.stderr
+    assert "| tokens per update: 4096 x 8 GPU x update-freq 16 = 524288" in big.stdout
+    args = _would_run(big.stdout)
+    for flag, value in (("--lr", "1e-3"), ("--max-update", "18750"), ("--warmup-updates", "250"),
+                        ("--save-interval-updates", "50"), ("--update-freq", "16")):
+        assert args[args.index(flag) + 1] == value, flag
+    # a setting given wins; another value of the mode is refused in one line
+    mine = _dry_run(wmt_like, tmp_path, ARCH="base", NUM_GPUS="64", LARGE_BATCH="1", LR="2e-3", WARMUP="4000")
+    args = _would_run(mine.stdout)
+    assert args[args.index("--lr") + 1] == "2e-3" and args[args.index("--warmup-updates") + 1] == "4000"
+    refused = _dry_run(wmt_like, tmp_path, LARGE_BATCH="2")
+    assert refused.returncode == 2 and refused.stderr.strip().endswith("LARGE_BATCH must be 0 or 1, got '2'")

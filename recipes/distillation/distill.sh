@@ -55,8 +55,6 @@ plan_training "$DATA_BIN"
 if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained (device flags: ${TRAIN_DEVICE_FLAGS:-none})"; exit 0; fi
 mkdir -p "$OUT"
 mapfile -t settings < <(run_settings "$DATA_BIN")
-# what evaluate.sh checks the last checkpoint against
-[ "${FIRST_NODE:-1}" = 1 ] && printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$MAX_UPDATE" "$MAX_EPOCH" > "$OUT/train.env"
 scaling_nmt_flags
 # the Scaling NMT flags with the relation distillation criterion in place of label smoothing's
 # (it is label-smoothed cross-entropy plus the relation loss)
@@ -66,8 +64,8 @@ done
 echo "== 1/2 fairseq-train: relations $RELATIONS over $RELATION_HEADS heads (weight $RELATION_WEIGHT), lr $LR," \
   "${MAX_EPOCH:+$MAX_EPOCH epochs / }${MAX_UPDATE:+$MAX_UPDATE updates }on $DEVICE_DESC (log: $OUT/train.log)"
 # shellcheck disable=SC2086
-train_stage "$OUT" "" "$MAX_UPDATE" "$MAX_EPOCH" "${settings[@]}" "teacher=$("$PYTHON" "$SCRIPTS/steps.py" fingerprint "$TEACHER")" \
-  "relations=$RELATIONS/$RELATION_HEADS/$RELATION_WEIGHT" -- \
+STAGE_ACCEPTED=write_train_env train_stage "$OUT" "" "${settings[@]}" \
+  "teacher=$("$PYTHON" "$SCRIPTS/steps.py" fingerprint "$TEACHER")" -- \
   "$DATA_BIN" "${FAIRSEQ_FLAGS[@]}" --arch "transformer_${ENC}_$SUFFIX" $MODEL_FLAGS --lr "$LR" \
   --teacher-path "$TEACHER" --relation-heads "$RELATION_HEADS" --relations "$RELATIONS" \
   --relation-weight "$RELATION_WEIGHT" ${MAX_UPDATE:+--max-update $MAX_UPDATE} ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} \

@@ -99,10 +99,11 @@ _preprocess() {
 # The common x + 50 limit would cut outputs of sources past 80 tokens, and these are the long
 # ones: 1.5x + 50 (given after it, so it wins) leaves room for a model that runs on.
 LIMIT=(--max-len-a 1.5 --max-len-b 50)
-# The recipe owns its models: one trained with other settings or data is trained again
-# (STAGE_ON_CHANGE=restart); a finished one is not trained further (it is decoded again).
-_train_and_decode() {
-  STAGE_ON_CHANGE=restart train_model "$ROOT_OUT/data-bin"
+# The recipe owns its models: one trained with another configuration or data is trained again
+# (STAGE_ON_CHANGE=restart); a finished one is not trained further. Training is decided by its
+# stages' records every run (cheap when finished); decoding is a step keyed by what its output
+# depends on (_decode_settings).
+_decode() {
   if [ "$UNIT" = words ]; then
     average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt" "${LIMIT[@]}" "$(remove_bpe_flag)"
     segmentation=none
@@ -130,14 +131,18 @@ _decode_control() {
     --lang "$TGT" --bpe "$segmentation" --out "$control/generate.long.detok.txt"
 }
 
-# what a model's outputs depend on, for its step marker (flags hashed: a value has no spaces)
-# (common.sh's run_settings, hashed, plus how long it trains, what is averaged and how it decodes)
-_model_settings() {
-  local run; run="$(run_settings "$ROOT_OUT/data-bin" | md5sum | cut -c1-12)"
-  echo "arch=$ARCH lr=$LR run=$run max_update=${MAX_UPDATE:--} max_epoch=${MAX_EPOCH:--} average=$AVERAGE" \
-    "save_interval=$SAVE_INTERVAL_UPDATES update_freq=$UPDATE_FREQ floater_epochs=$FLOATER_EPOCHS" \
-    "floater_max_update=${FLOATER_MAX_UPDATE:--} beam=$BEAM lenpen=$LENPEN" \
-    "$([ "$ENC" = floater ] && echo "vanilla_continued=$VANILLA_CONTINUED")"
+# what a model's decoded outputs depend on, for its step marker: the trained stages by their
+# stamps (a new one each time a stage finishes training), and the whole fairseq-generate command
+# line (beam, length penalty, limits, averaging, device flags; the run's own directory left out, so
+# that a moved ROOT_OUT decodes nothing again), hashed (a setting is one word)
+_decode_settings() {
+  local stage stamps="" command
+  for stage in "$(checkpoint_dir)" $([ "$ENC" = floater ] && [ "$VANILLA_CONTINUED" = 1 ] && echo "$OUT/vanilla_continued"); do
+    stamps+=" $(basename "$stage")=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["stamp"])' "$stage/stage.json")"
+  done
+  command="$(GENERATE_KEY_ONLY=1 average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt" "${LIMIT[@]}" \
+    $([ "$UNIT" = words ] && remove_bpe_flag) | sed "s|$ROOT_OUT|ROOT_OUT|g" | md5sum | cut -c1-12)"
+  echo "${stamps# } decode=$command unit=$UNIT"
 }
 
 mkdir -p "$ROOT_OUT"
@@ -172,9 +177,9 @@ for ENC in $ENCODINGS; do
         if [ "$ENC" = floater ] && [ "$VANILLA_CONTINUED" = 1 ]; then _decode_control; fi
         exit 0
       fi
-      # shellcheck disable=SC2046
-      STEP_AFTER=preprocess STEP_SETTINGS="$(_model_settings)" STEP_REDO_HINT="delete $WORK/.done/$name to decode it again, $OUT to train it again" \
-        step "$name" "[$ENC seed $SEED] train, average, decode the long pairs -> $OUT" _train_and_decode
+      STAGE_ON_CHANGE=restart train_model "$ROOT_OUT/data-bin"
+      STEP_AFTER=preprocess STEP_SETTINGS="$(_decode_settings)" STEP_REDO_HINT="delete $WORK/.done/$name to decode it again, $OUT to train it again" \
+        step "$name" "[$ENC seed $SEED] average, decode the long pairs -> $OUT" _decode
     )
     files="${files:+$files,}$model_out/generate.long.detok.txt"
     logs+=("$model_out/generate.long.txt.log")  # fairseq-generate's stderr: its config line has the limit

@@ -35,52 +35,6 @@ RECIPE=floater
 DATA_BIN="${DATA_BIN:?set DATA_BIN to a fairseq-preprocess output directory}"
 parse_run_args "$@"
 ENC="${ENC:-floater}"  # or rnn: Table 6's RNN encoders, trained by the same protocol
-warm_started "$ENC" || die "ENC=$ENC: this protocol trains floater or rnn"
-NAME=FLOATER; [ "$ENC" = rnn ] && NAME=RNN
-VANILLA_CONTINUED="${VANILLA_CONTINUED:-0}"
-case "$VANILLA_CONTINUED" in 0|1) ;; *) die "VANILLA_CONTINUED must be 0 or 1, got '$VANILLA_CONTINUED'" ;; esac
 MAX_EPOCH="${MAX_EPOCH:-${VANILLA_EPOCHS:-}}"
 set_training_defaults
-ls "$DATA_BIN"/dict.*.txt >/dev/null 2>&1 || die "no fairseq dictionary in DATA_BIN=$DATA_BIN: run fairseq-preprocess first"
-HALF_LR=$("$PYTHON" -c "print(float('$LR') / 2)")
-echo "== FLOATER protocol ($ARCH): vanilla at lr $LR, FLOATER at lr $HALF_LR, dropout $DROPOUT -> $OUT"
-plan_training "$DATA_BIN"
-if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained"; exit 0; fi
-mkdir -p "$OUT"
-[ "${FIRST_NODE:-1}" = 1 ] && printf 'TRAINED_MAX_UPDATE=%s\nTRAINED_MAX_EPOCH=%s\n' "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" > "$OUT/train.env"
-mapfile -t settings < <(run_settings "$DATA_BIN")
-
-scaling_nmt_flags
-
-# stage 1 keeps checkpoint_best.pt, checkpoint_last.pt and its last interval checkpoint
-echo "== 1/3 vanilla transformer_sinusoidal_$SUFFIX, lr $LR, ${MAX_EPOCH:+$MAX_EPOCH epochs / }${MAX_UPDATE:+$MAX_UPDATE updates }on $DEVICE_DESC -> $OUT/vanilla"
-# shellcheck disable=SC2086
-train_stage "$OUT/vanilla" "" "$MAX_UPDATE" "$MAX_EPOCH" "${settings[@]}" stage=vanilla -- \
-  "$DATA_BIN" "${FAIRSEQ_FLAGS[@]}" --arch "transformer_sinusoidal_$SUFFIX" --lr "$LR" \
-  ${MAX_UPDATE:+--max-update $MAX_UPDATE} ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} --keep-interval-updates 1 \
-  $MODEL_FLAGS $EXTRA_FLAGS
-
-echo "== 2/3 $NAME warm-started from $OUT/vanilla/checkpoint_best.pt, lr $HALF_LR, $FLOATER_EPOCHS epochs${FLOATER_MAX_UPDATE:+ / $FLOATER_MAX_UPDATE updates} on $DEVICE_DESC"
-# shellcheck disable=SC2086
-train_stage "$OUT/$ENC" "$OUT/vanilla" "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" "${settings[@]}" stage="$ENC" \
-  "floater_lr=$HALF_LR" -- "$DATA_BIN" "${FAIRSEQ_FLAGS[@]}" --arch "transformer_${ENC}_$SUFFIX" \
-  --floater-init-from "$OUT/vanilla/checkpoint_best.pt" --lr "$HALF_LR" \
-  --max-epoch "$FLOATER_EPOCHS" ${FLOATER_MAX_UPDATE:+--max-update $FLOATER_MAX_UPDATE} \
-  --keep-interval-updates "$AVERAGE" $POSITION_BLOCK_FLAGS $MODEL_FLAGS $EXTRA_FLAGS
-
-if [ "$VANILLA_CONTINUED" = 1 ]; then
-  echo "== 2/3 control: the vanilla model trained on from $OUT/vanilla/checkpoint_best.pt with stage 2's schedule, without FLOATER"
-  # shellcheck disable=SC2086
-  train_stage "$OUT/vanilla_continued" "$OUT/vanilla" "$FLOATER_MAX_UPDATE" "$FLOATER_EPOCHS" "${settings[@]}" \
-    stage=vanilla_continued "floater_lr=$HALF_LR" -- "$DATA_BIN" "${FAIRSEQ_FLAGS[@]}" \
-    --arch "transformer_sinusoidal_$SUFFIX" --finetune-from-model "$OUT/vanilla/checkpoint_best.pt" --lr "$HALF_LR" \
-    --max-epoch "$FLOATER_EPOCHS" ${FLOATER_MAX_UPDATE:+--max-update $FLOATER_MAX_UPDATE} \
-    --keep-interval-updates "$AVERAGE" $MODEL_FLAGS $EXTRA_FLAGS
-fi
-
-[ "${FIRST_NODE:-1}" = 1 ] || exit 0  # the first node averages
-for stage in "$ENC" $([ "$VANILLA_CONTINUED" = 1 ] && echo vanilla_continued); do
-  echo "== 3/3 averaging the last $AVERAGE interval checkpoints -> $OUT/$stage/averaged_last$AVERAGE.pt"
-  "$PYTHON" "$SCRIPTS/average_checkpoints.py" --inputs "$OUT/$stage" \
-    --num-update-checkpoints "$AVERAGE" --output "$OUT/$stage/averaged_last$AVERAGE.pt"
-done
+train_warm_started "$DATA_BIN"  # recipes/floater/protocol.sh

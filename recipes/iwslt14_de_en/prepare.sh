@@ -17,9 +17,12 @@
 #        MIRROR (fetch MIRROR/iwslt14/de-en.tgz instead); every step's output is kept (a few hundred MB:
 #        the WMT recipes' KEEP_INTERMEDIATES is not needed here)
 #
-# No checksum is published for de-en.tgz: the first run records its sha256 and size beside it
-# (de-en.tgz.sha256) and every later run checks the archive against them. A re-run skips the
-# steps that finished with the same settings (markers in DIR/.done/).
+# de-en.tgz comes over https, and a server silent for DOWNLOAD_TIMEOUT seconds (60) stops the
+# download. No checksum is published for it: the first run checks that the archive is whole
+# (its gzip stream read to the end) and records its sha256 and size beside it (de-en.tgz.sha256);
+# every later run checks the archive against them. A re-run skips the steps that finished with
+# the same settings (markers in DIR/.done/); the extraction is keyed by the archive's content, so
+# a copy of it elsewhere (another --raw-dir, other dates) does not redo it.
 #
 # Where this differs from fairseq's script: sacremoses instead of Moses' Perl tokenizer (the
 # WMT recipes' choice; the tokens can differ on rare inputs), Python's str.lower() for
@@ -114,7 +117,8 @@ space=(--work "$WORK" --recipe "$RECIPE")
 [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$SCRIPTS/train_plan.py" prepare-space "${space[@]}" \
   --sources "$SOURCES" --archives-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" | sed 's/^/   /' || exit 2
 STEP_AFTER="" STEP_SETTINGS="pair=$SRC-$TGT archives=$("$PYTHON" "$SCRIPTS/wmt_data.py" fingerprint \
-  --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT")" \
+  --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
+  --cache "$WORK/.archives-sha256.json" --upgrade-marker "$WORK/.done/extract")" \
   step extract "[2/9] extract train (train.tags, metadata dropped) / test ($TEST_NAME, .xml) as plain text" _extract
 STEP_SETTINGS="text=iwslt14-moses-1" step tokenize "[3/9] tokenize with sacremoses (no -a, no normalisation)" _iwslt_tokenize
 STEP_SETTINGS="ratio=1.5 len=1-$MAX_LEN" step clean "[4/9] clean training pairs: ratio 1.5, 1-$MAX_LEN tokens" _iwslt_clean

@@ -1,0 +1,234 @@
+"""The configuration a fairseq-train stage runs with, as fairseq itself resolves it, and which of
+its fields may differ between the run that wrote a stage's checkpoints and a re-run that reuses
+them.
+
+Default-deny: a stage's record holds ``convert_namespace_to_omegaconf(args)`` of its final
+fairseq-train argument list (architecture defaults applied, interpolations such as
+``max_tokens_valid`` filled), and a re-run compares every field. Only the fields named in
+:data:`MAY_DIFFER`, each with its reason, may differ; the batch layout is compared as the tokens
+per update it gives. :data:`KEYED` names the rest of the training parser's options so that
+``tests/test_train_config.py`` can tell an option fairseq or the plugin adds later from one that
+was weighed: the two lists together must equal the parser's options.
+"""
+import argparse
+import contextlib
+import io
+import json
+import os
+import warnings
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+PATHS = "a path: the data is keyed by content (the stage's data fingerprint), not by where it lies"
+LOGGING = "logging and progress output: what is printed or written beside the run, not what it computes"
+WORKERS = "data-loader processes and prefetch: the batches and their order are the same"
+DISTRIBUTED = "how the processes of one run find each other: rank, address, port, backend, timeout"
+BUDGET = "the budget: a larger one resumes or extends the run, a smaller one is refused by the budget check"
+BATCH = ("the batch layout across devices: compared as the tokens per update it gives "
+         "(max_tokens x update_freq x world size), so that a run resumes on another number of GPUs")
+DEVICE = "where the same computation runs; precision (fp16, bf16, amp) is keyed on its own"
+START = ("a checkpoint the run starts from: its content is keyed (inputs.*), not its path, so a stage "
+         "shared by several runs may be reached by another path")
+
+# every field that may differ between a recorded run and a re-run, with its reason; all others refuse
+MAY_DIFFER: Dict[str, str] = {
+    "data": PATHS, "save_dir": PATHS, "user_dir": PATHS, "plasma_path": PATHS,
+    "finetune_from_model": START, "floater_init_from": START,
+    "no_progress_bar": LOGGING, "log_interval": LOGGING, "log_format": LOGGING, "log_file": LOGGING,
+    "aim_repo": LOGGING, "aim_run_hash": LOGGING, "tensorboard_logdir": LOGGING, "wandb_project": LOGGING,
+    "azureml_logging": LOGGING, "reset_logging": LOGGING, "profile": LOGGING, "debug_param_names": LOGGING,
+    "eval_bleu_print_samples": LOGGING,
+    "num_workers": WORKERS, "data_buffer_size": WORKERS,
+    "distributed_rank": DISTRIBUTED, "distributed_port": DISTRIBUTED, "distributed_init_method": DISTRIBUTED,
+    "distributed_backend": DISTRIBUTED, "distributed_no_spawn": DISTRIBUTED, "device_id": DISTRIBUTED,
+    "heartbeat_timeout": DISTRIBUTED,
+    "max_update": BUDGET, "max_epoch": BUDGET, "stop_time_hours": BUDGET,
+    "max_tokens": BATCH, "update_freq": BATCH, "distributed_world_size": BATCH, "distributed_num_procs": BATCH,
+    "nprocs_per_node": BATCH,
+    "max_tokens_valid": "validation batches only (it follows max_tokens): the summed validation loss does not "
+                        "depend on how the validation set is batched",
+    "cpu": DEVICE,
+}
+
+# the training parser's other options, weighed and keyed (a change refuses, or restarts the stage)
+KEYED = frozenset("""
+seed tpu bf16 memory_efficient_bf16 fp16 memory_efficient_fp16 fp16_no_flatten_grads fp16_init_scale
+fp16_scale_window fp16_scale_tolerance on_cpu_convert_precision min_loss_scale threshold_loss_scale amp
+amp_batch_retries amp_init_scale amp_scale_window empty_cache_freq all_gather_list_size model_parallel_size
+quantization_config_path suppress_crashes use_plasma_view criterion tokenizer bpe optimizer lr_scheduler
+scoring task skip_invalid_size_inputs_valid_test batch_size required_batch_size_multiple
+required_seq_len_multiple dataset_impl train_subset valid_subset combine_valid_subsets
+ignore_unused_valid_subsets validate_interval validate_interval_updates validate_after_updates
+fixed_validation_seed disable_validation batch_size_valid max_valid_steps curriculum gen_subset num_shards
+shard_id grouped_shuffling update_epoch_batch_itr update_ordered_indices_seed ddp_backend ddp_comm_hook
+bucket_cap_mb fix_batches_to_gpus find_unused_parameters gradient_as_bucket_view fast_stat_sync
+broadcast_buffers slowmo_momentum slowmo_base_algorithm localsgd_frequency pipeline_model_parallel
+pipeline_balance pipeline_devices pipeline_chunks pipeline_encoder_balance pipeline_encoder_devices
+pipeline_decoder_balance pipeline_decoder_devices pipeline_checkpoint zero_sharding no_reshard_after_forward
+fp32_reduce_scatter cpu_offload use_sharded_state not_fsdp_flatten_parameters arch clip_norm sentence_avg lr
+stop_min_lr use_bmuf skip_remainder_batch restore_file continue_once reset_dataloader reset_lr_scheduler
+reset_meters reset_optimizer optimizer_overrides save_interval save_interval_updates keep_interval_updates
+keep_interval_updates_pattern keep_last_epochs keep_best_checkpoints no_save no_epoch_checkpoints
+no_last_checkpoints no_save_optimizer_state best_checkpoint_metric maximize_best_checkpoint_metric patience
+checkpoint_suffix checkpoint_shard_count load_checkpoint_on_all_dp_ranks write_checkpoints_asynchronously
+store_ema ema_decay ema_start_update ema_seed_model ema_update_freq ema_fp32
+activation_fn dropout attention_dropout activation_dropout adaptive_input encoder_embed_path encoder_embed_dim
+encoder_ffn_embed_dim encoder_layers encoder_attention_heads encoder_normalize_before encoder_learned_pos
+encoder_layerdrop encoder_layers_to_keep encoder_xformers_att_config max_source_positions decoder_embed_path
+decoder_embed_dim decoder_ffn_embed_dim decoder_layers decoder_attention_heads decoder_normalize_before
+decoder_learned_pos decoder_layerdrop decoder_layers_to_keep decoder_xformers_att_config decoder_output_dim
+max_target_positions share_decoder_input_output_embed share_all_embeddings merge_src_tgt_embed
+no_token_positional_embeddings adaptive_softmax_cutoff adaptive_softmax_dropout adaptive_softmax_factor
+layernorm_embedding tie_adaptive_weights tie_adaptive_proj no_scale_embedding checkpoint_activations
+offload_activations no_cross_attention cross_self_attention quant_noise_pq quant_noise_pq_block_size
+quant_noise_scalar min_params_to_wrap char_inputs relu_dropout base_layers base_sublayers base_shuffle export
+no_decoder_final_norm
+position_encoding keep_input_positions attention_head_dim segment_attention segment_separator max_segments
+position_blocks position_bias_scale position_sharing diet_rank max_relative_distance t5_num_buckets
+t5_max_distance rope_theta alibi_encoder floater_dt floater_solver floater_step floater_adjoint floater_hidden
+floater_cross_attention floater_solve_every floater_lr_scale rnn_layers rnn_input rnn_dt
+source_lang target_lang load_alignments left_pad_source left_pad_target upsample_primary truncate_source
+num_batch_buckets eval_bleu eval_bleu_args eval_bleu_detok eval_bleu_detok_args eval_tokenized_bleu
+eval_bleu_remove_bpe label_smoothing report_accuracy ignore_prefix_size
+adam_betas adam_eps weight_decay use_old_adam fp16_adam_stats warmup_updates warmup_init_lr
+pad eos unk
+""".split())
+
+# the fields holding a checkpoint the run starts from, recorded by content as inputs.<name>
+START_FROM = tuple(name for name, why in MAY_DIFFER.items() if why is START)
+
+
+def _quietly():
+    """fairseq and hydra print deprecation warnings and INFO lines while parsing: not the user's."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    return stack
+
+
+def parse(argv: List[str]) -> Tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """fairseq-train's parser with the plugin (``--user-dir`` in ``argv``), after parsing
+    ``argv``: registry choices add their own options to it as fairseq-train's does."""
+    from fairseq import options
+
+    errors = io.StringIO()
+    try:
+        with _quietly(), contextlib.redirect_stderr(errors):
+            parser = options.get_training_parser()
+            args = options.parse_args_and_arch(parser, input_args=list(argv))
+    except SystemExit:  # argparse's error: its last line says what
+        lines = errors.getvalue().strip().splitlines()
+        raise ValueError(f"fairseq-train would refuse its arguments: {lines[-1] if lines else 'parse error'}") from None
+    return parser, args
+
+
+def parser_options(parser: argparse.ArgumentParser) -> set:
+    return {action.dest for action in parser._actions if action.dest != "help"}
+
+
+def _plain(value: Any) -> Any:
+    """JSON's view of a value: what a record stores and a re-run compares with."""
+    return json.loads(json.dumps(value, default=repr))
+
+
+def resolve(argv: List[str], fingerprint=None) -> Dict[str, Any]:
+    """``section.field -> value`` of ``convert_namespace_to_omegaconf`` for ``argv``, every
+    section and the model's namespace (fairseq's legacy architectures keep every argument there),
+    plus ``inputs.<field>``: the content fingerprint (``fingerprint(path)``) of each checkpoint the
+    run starts from."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import DictConfig, OmegaConf
+
+    _, args = parse(argv)
+    try:
+        with _quietly():
+            cfg = convert_namespace_to_omegaconf(args)
+    except Exception as error:  # hydra's: a component without a config of its own, an override it refuses
+        raise ValueError(f"fairseq could not resolve its configuration: {str(error).splitlines()[0]}") from None
+    flat: Dict[str, Any] = {}
+    for section in cfg:
+        value = cfg[section]
+        if isinstance(value, argparse.Namespace):
+            value = vars(value)
+        elif isinstance(value, DictConfig):
+            value = OmegaConf.to_container(value, resolve=True)
+        if isinstance(value, dict):
+            for name, field in value.items():
+                flat[f"{section}.{name}"] = field
+        else:
+            flat[section] = value
+    for name in START_FROM:
+        path = getattr(args, name, None)
+        if path and fingerprint is not None:
+            flat[f"inputs.{name}"] = fingerprint(path) if os.path.exists(path) else "(missing)"
+    return _plain(flat)
+
+
+def field_name(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def tokens_per_update(config: Dict[str, Any]) -> Optional[int]:
+    """max_tokens x update_freq x world size: what an update holds, whatever the devices."""
+    max_tokens = config.get("dataset.max_tokens")
+    update_freq = config.get("optimization.update_freq") or [1]
+    world = config.get("distributed_training.distributed_world_size") or 1
+    if not max_tokens:
+        return None
+    return int(max_tokens) * int(update_freq[0]) * int(world)
+
+
+# the plan reaches its target to within 0.1% at any GPU count (scripts/train_plan.py): two layouts
+# whose tokens per update are that close are the same batch
+BATCH_TOLERANCE = 0.001
+
+
+def differences(recorded: Dict[str, Any], asked: Dict[str, Any], inputs: bool = True) -> List[str]:
+    """The differences that make ``asked`` another run than ``recorded``, one ``field: old -> new``
+    each; empty when the checkpoints may be reused. ``inputs=False`` leaves out the content of the
+    checkpoints the run starts from (where the stage they come from is keyed by its own stamp)."""
+    # a field fairseq keeps in several sections (lr in optimization, optimizer, lr_scheduler and
+    # the model's namespace) is named once, with the sections it differs in
+    grouped: Dict[Tuple[str, str, str], List[str]] = {}
+    for key in sorted(set(recorded) | set(asked)):
+        old, new = recorded.get(key, "(unset)"), asked.get(key, "(unset)")
+        if not inputs and key.startswith("inputs."):
+            continue
+        if old != new and field_name(key) not in MAY_DIFFER:
+            section = key.rsplit(".", 1)[0] if "." in key else ""
+            grouped.setdefault((field_name(key), _show(old), _show(new)), []).append(section)
+    changed = [f"{name}: {old} -> {new}" + (f" ({', '.join(s for s in sections if s)})" if any(sections) else "")
+               for (name, old, new), sections in sorted(grouped.items())]
+    old_tokens, new_tokens = tokens_per_update(recorded), tokens_per_update(asked)
+    if old_tokens != new_tokens and (not old_tokens or not new_tokens
+                                     or abs(new_tokens - old_tokens) > BATCH_TOLERANCE * old_tokens):
+        changed.append(f"tokens per update (max_tokens x update_freq x world size): {old_tokens} -> {new_tokens}")
+    return changed
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def budget(config: Dict[str, Any]) -> Tuple[Optional[int], Optional[int]]:
+    """(max_update, max_epoch), None for fairseq's 0 (no limit)."""
+    return (config.get("optimization.max_update") or None, config.get("optimization.max_epoch") or None)
+
+
+def without_path_fields(config: Dict[str, Any]) -> Dict[str, Any]:
+    """What identifies the run wherever it lies (the key of a stage that several runs share): the
+    fields that may differ left out, the tokens per update in place of the batch layout. The
+    budget is left out too: a run asking for more extends the shared stage (and every stage
+    started from it restarts), one asking for less is refused by the budget check."""
+    kept = {k: v for k, v in config.items() if field_name(k) not in MAY_DIFFER or k.startswith("inputs.")}
+    kept["tokens_per_update"] = tokens_per_update(config)
+    return kept
+
+
+def identity(config: Dict[str, Any], extra: Iterable[str] = ()) -> str:
+    """12 hex digits naming the run of ``config`` (see :func:`without_path_fields`)."""
+    import hashlib
+
+    text = json.dumps([without_path_fields(config), sorted(extra)], sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
