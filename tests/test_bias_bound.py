@@ -75,7 +75,7 @@ def _model(*flags, seed=1):
     """A model with position parameters (and segment scalars) of size 0.5, and its args."""
     task = ToyTask()
     task.source_dictionary.add_symbol("<sep>")
-    args = model_args("transformer_posenc", *flags, "--max-segments", "2")
+    args = model_args("transformer_posenc", *flags, *(["--max-segments", "2"] if "--segment-attention" in flags else []))
     torch.manual_seed(seed)
     model = ARCH_MODEL_REGISTRY["transformer_posenc"].build_model(args, task)
     if getattr(model.encoder, "segment_bias", None) is not None:  # initialised at 0

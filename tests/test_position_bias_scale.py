@@ -4,12 +4,15 @@ at init / S: the model at step 0 is the same, and one Adam step moves the bias S
 Covered: every registered encoding whose config takes the flag, and DIET's segment attention,
 which takes it with any encoding."""
 import argparse
+import os
+import subprocess
 
 import pytest
 import torch
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.optim.adam import Adam
 
+from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.models.from_flags import model_args
 from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions
 from fairseq_posenc.positions.bias_scale import uses_bias_scale
@@ -190,3 +193,29 @@ def test_weights_saved_before_the_flag_existed_load_with_scale_1(case):
         assert scaled
         for key in scaled:
             assert torch.equal(model.state_dict()[key], old[key] * factor), key
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bias_scale_cli")
+    prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (20, 3, 8), "valid": (5, 3, 8)})
+    return pipeline.preprocess(prefixes, str(root / "bin"))
+
+
+def test_fairseq_train_refuses_the_flag_where_it_changes_nothing_in_one_line_before_any_update(data_bin, tmp_path):
+    """alibi, shaw, learned and rope trained unchanged with it (a sweep over S gave identical
+    runs); now fairseq-train stops at the model build. tests/test_flags_change_the_model.py covers
+    every flag with every encoding in process."""
+    save_dir = tmp_path / "run"
+    proc = subprocess.run([pipeline.executable("fairseq-train"), data_bin, "--user-dir", pipeline.USER_DIR,
+                           "--save-dir", str(save_dir), "--arch", "transformer_posenc", "--cpu", *TINY,
+                           "--position-encoding", "alibi", "--position-bias-scale", "10", "--optimizer", "adam",
+                           "--lr", "1e-3", "--max-tokens", "300", "--max-update", "1", "--no-progress-bar",
+                           "--num-workers", "0"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    stderr = proc.stderr.strip().splitlines()
+    assert stderr[-1].startswith("fairseq-train: error: --position-bias-scale 10.0 would change nothing: "
+                                 "--position-encoding alibi without --segment-attention does not use it"), stderr[-1]
+    assert not any("Traceback" in line for line in stderr)
+    assert "num. model params" not in proc.stdout + proc.stderr  # stopped at the build, before the trainer
+    assert not os.path.exists(save_dir) or os.listdir(save_dir) == []

@@ -1,12 +1,23 @@
 """The plugin's model flags, in one place: the general ones here, each encoding's own from its
-``config`` dataclass (fairseq's Transformer flags come from fairseq)."""
+``config`` dataclass, ``--segment-attention``'s from :class:`~..positions.segments.SegmentConfig`
+(fairseq's Transformer flags come from fairseq).
+
+A flag that the chosen model does not use is refused (:func:`refuse_unused_flags`), so that a
+sweep over it cannot train the same model several times without a word. What a model uses is
+declared, not listed here: the general flags of :class:`PosencConfig` (``--keep-input-positions``
+only where the encoding drops fairseq's input embedding), the fields of its encoding's ``config``,
+and with ``--segment-attention`` the fields of the segment bias's ``config``. A new encoding's
+flags are refused with every other encoding as soon as its ``config`` declares them.
+"""
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import FrozenSet, Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from ..positions import POSITION_ENCODINGS
+from ..compat import PosencError
+from ..positions import POSITION_ENCODINGS, get_position_encoding
+from ..positions.segments import SegmentBias
 
 PositionEncodingChoice = ChoiceEnum(list(POSITION_ENCODINGS))
 
@@ -21,7 +32,7 @@ class PosencConfig(FairseqDataclass):
         default=False,
         metadata={
             "help": "also add fairseq's sinusoidal input embedding to an encoding that lives "
-            "inside attention (by default such encodings drop it)"
+            "inside attention (by default such encodings drop it); refused with those that keep it"
         },
     )
     attention_head_dim: Optional[int] = field(
@@ -36,19 +47,23 @@ class PosencConfig(FairseqDataclass):
         metadata={"help": "DIET segment attention in the encoder: a learned scalar per "
                   "(query segment, key segment) pair per head, on top of the position encoding"},
     )
-    segment_separator: str = field(
-        default="<sep>", metadata={"help": "source token that ends a segment (--segment-attention)"}
-    )
-    max_segments: int = field(
-        default=8, metadata={"help": "segments with their own parameters; later ones share the last"}
-    )
+
+
+def _names(config) -> FrozenSet[str]:
+    return frozenset(f.name for f in dataclasses.fields(config)) if config is not None else frozenset()
+
+
+def scheme_flags(scheme: type) -> FrozenSet[str]:
+    """The flags a registered encoding takes: the fields of its ``config``."""
+    return _names(scheme.config)
 
 
 def _scheme_fields():
-    """The fields of every encoding's config, each name once (schemes may share a flag)."""
+    """The fields of every encoding's config and of the segment bias's, each name once (schemes
+    may share a flag)."""
     seen = {}
-    for scheme in POSITION_ENCODINGS.values():
-        for f in dataclasses.fields(scheme.config) if scheme.config else ():
+    for config in [scheme.config for scheme in POSITION_ENCODINGS.values()] + [SegmentBias.config]:
+        for f in dataclasses.fields(config) if config else ():
             seen.setdefault(f.name, f)
     return [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in seen.values()]
 
@@ -63,3 +78,49 @@ def set_defaults(args):
         for f in dataclasses.fields(config):
             if not f.name.startswith("_"):
                 setattr(args, f.name, getattr(args, f.name, f.default))
+
+
+def flags_in_use(args) -> FrozenSet[str]:
+    """The plugin flags (field names) that the model ``args`` describes uses."""
+    scheme = get_position_encoding(args.position_encoding)
+    used = _names(PosencConfig) | scheme_flags(scheme)
+    if getattr(args, "segment_attention", False):
+        used |= _names(SegmentBias.config)
+    if scheme.input_embedding is not None:  # it keeps fairseq's input embedding anyway
+        used -= {"keep_input_positions"}
+    return used
+
+
+def _flag(name: str, value) -> str:
+    flag = "--" + name.replace("_", "-")
+    return flag if value is True else f"{flag} {value}"
+
+
+def _takers(name: str) -> str:
+    if name == "keep_input_positions":
+        return "the encodings that drop fairseq's input position embedding: " + ", ".join(
+            e for e, scheme in POSITION_ENCODINGS.items() if scheme.input_embedding is None)
+    takers = [e for e, scheme in POSITION_ENCODINGS.items() if name in scheme_flags(scheme)]
+    where = [f"--position-encoding {' or '.join(takers)}"] if takers else []
+    if name in _names(SegmentBias.config):
+        where.append("--segment-attention" + (" with any encoding" if takers else ""))
+    return ", or ".join(where)
+
+
+def refuse_unused_flags(args):
+    """One line (:class:`PosencError`) for the first plugin flag set away from its default that
+    the model ``args`` describes does not use: it would change nothing."""
+    used = flags_in_use(args)
+    for config in ALL_CONFIGS:
+        for f in dataclasses.fields(config):
+            value = getattr(args, f.name, f.default)
+            if f.name in used or f.name.startswith("_") or value == f.default:
+                continue
+            model = f"--position-encoding {args.position_encoding}"
+            if f.name == "keep_input_positions":
+                why = f"{model} keeps fairseq's input position embedding anyway"
+            elif f.name in _names(SegmentBias.config) and not args.segment_attention:
+                why = f"{model} without --segment-attention does not use it"
+            else:
+                why = f"{model} does not use it"
+            raise PosencError(f"{_flag(f.name, value)} would change nothing: {why} (it is for {_takers(f.name)})")

@@ -15,7 +15,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..positions import POSITION_ENCODINGS, get_position_encoding
-from .config import ALL_CONFIGS, set_defaults
+from .config import ALL_CONFIGS, refuse_unused_flags, set_defaults
 from .transformer_stacks import PosencTransformerDecoder, PosencTransformerEncoder
 
 
@@ -43,6 +43,9 @@ class PosencTransformerModel(TransformerModel):
             args.no_token_positional_embeddings = True
         model = super().build_model(args, task)
         scheme.finish_model(model, args)
+        # after the build, so that the schemes' own refusals (--position-blocks, rnn's ODE flags)
+        # speak first; a tiny model builds in milliseconds, and no update has run
+        refuse_unused_flags(args)
         return model
 
     def prepare_for_inference_(self, cfg):

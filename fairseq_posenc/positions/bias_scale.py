@@ -41,7 +41,8 @@ class BiasScaleConfig:
             "bias = S * w with w initialised at init / S (the model at step 0 is unchanged). t5: its "
             "per-bucket biases; diet_rel: its per-offset biases; diet_abs: P_Q and P_K each, so the "
             "first-order step of P_Q P_K^T is S times larger; --segment-attention: its segment "
-            "scalars, with any encoding. Other encodings ignore it. Default 1: the papers' parametrisation"
+            "scalars, with any encoding. Refused with the other encodings, where it would change nothing. "
+            "Default 1: the papers' parametrisation"
         },
     )
 

@@ -145,7 +145,11 @@ def _refuse_unused_flags(cfg):
 class RNNPositionEncoding(FloaterPositionEncoding):
     """FLOATER's biases (the same blocks, states and warm start) from :class:`RNNPositions`."""
 
-    config = RNNConfig
+    #: the flags it takes: its own and the FLOATER flags it uses (models/config.py refuses a flag
+    #: no config of the model declares; FLOATER's ODE flags are refused here, saying why)
+    config = dataclasses.make_dataclass(
+        "RNNFlags", [(f.name, f.type, field(default=f.default, metadata=f.metadata))
+                     for f in dataclasses.fields(FloaterConfig) if f.name in USED_FLOATER_FLAGS], bases=(RNNConfig,))
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         _refuse_unused_flags(cfg)

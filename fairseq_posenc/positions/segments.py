@@ -6,12 +6,28 @@ separator token in the source; the separator closes the segment it ends. Its sca
 ``--position-bias-scale`` S times the stored ``weight`` (:mod:`.bias_scale`): the flag comes with
 the position encodings' flags and applies here whichever encoding is chosen.
 """
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn as nn
 from torch import Tensor
 
 from .base import PositionEncoding
-from .bias_scale import ScaledBiases, bias_scale
+from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
+
+
+@dataclass
+class SegmentConfig(BiasScaleConfig):
+    """The flags of ``--segment-attention`` (the switch itself is a general flag): refused
+    without it, as an encoding's flags are with another encoding (models/config.py)."""
+
+    segment_separator: str = field(
+        default="<sep>", metadata={"help": "source token that ends a segment (--segment-attention)"}
+    )
+    max_segments: int = field(
+        default=8, metadata={"help": "segments with their own parameters; later ones share the last "
+                             "(--segment-attention)"}
+    )
 
 
 def segment_ids(tokens: Tensor, separator: int, max_segments: int) -> Tensor:
@@ -22,6 +38,7 @@ def segment_ids(tokens: Tensor, separator: int, max_segments: int) -> Tensor:
 
 
 class SegmentBias(ScaledBiases, PositionEncoding):
+    config = SegmentConfig
     scaled_parameters = ("weight",)
 
     def __init__(self, cfg, num_layers, num_heads, head_dim, separator_index: int):
