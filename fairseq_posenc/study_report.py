@@ -14,19 +14,23 @@ interval by about sqrt(k), as if the test set were k times larger; seeds add no 
 That interval says how sure we are given the test set, not given training: two seeds of one
 model differ by more than it often enough that a * from it is no finding (an A/A test on a real
 En-De corpus starred 2 of 5 bins). So with several seeds per model the reported difference is
-that of the mean BLEU over seeds, and its interval adds the spread between seeds to the
-sentence bootstrap, as the standard error of a difference of seed means with Student's t
-(``with_seed_variance``, which says why not a bootstrap over seeds). The earlier sentence-only
-statistic (BLEU of all seeds' outputs concatenated, percentile interval) stays in the JSON as
-``sentences_only``. With one seed nothing estimates the spread between seeds: the interval is
-the sentence-only one, and the table marks each of its stars with a dagger and the JSON each
-comparison with ``seed_variance_included: false`` and a caveat.
+that of the mean BLEU over seeds, and its standard error counts each source of noise once: the
+spread between seeds (which holds each seed's luck on particular sentences) and the test set's
+noise that the seeds share (the bootstrap covariance between different seeds' BLEU), with
+Student's t (``with_seed_variance``, which gives the derivation and says why not a bootstrap
+over seeds). The earlier sentence-only statistic (BLEU of all seeds' outputs concatenated,
+percentile interval) stays in the JSON as ``sentences_only``. With one seed nothing estimates
+the spread between seeds: the interval is the sentence bootstrap's alone (d +- 1.96 sd, its *
+and p-value from that one normal test), and the table marks each of its stars with a dagger
+and the JSON each comparison with ``seed_variance_included: false`` and a caveat.
 
 The sentence resampling is exactly sacrebleu's paired bootstrap (``sacrebleu.significance``,
 ``_paired_bs_test``: the same generator, seed and draw of indices, its p-value function), which
 the tests check against ``sacrebleu.significance.PairedTest``; it is done here rather than by
 calling ``PairedTest`` because that one neither returns the interval of the *difference* nor
-takes per-sentence statistics summed over seeds.
+takes per-sentence statistics summed over seeds. Sacrebleu's p-value (a centred test of its own,
+which can disagree with the percentile interval's *) is kept in ``sentences_only`` as
+``sacrebleu_p_value``; every comparison's *, interval and p-value come from one test.
 """
 import json
 import math
@@ -72,7 +76,10 @@ def paired_bootstrap(baseline_stats: np.ndarray, system_stats: np.ndarray, metri
     sentence (summed over seeds). Returns the difference system - baseline of the corpus
     scores, its 95% interval over ``n_samples`` paired resamples of the sentences, sacrebleu's
     p-value for that difference, the standard deviation of the resampled differences (``sd``)
-    and the system's own 95% interval."""
+    and the system's own 95% interval. The percentile interval's ``significant`` and
+    sacrebleu's centred p-value are two different tests and can disagree (+3.23 [-0.16, +6.75]
+    with p = 0.037); the report's comparisons take their *, interval and p-value from one test
+    each (``with_seed_variance``)."""
     from sacrebleu.significance import _compute_p_value
 
     n = len(system_stats)
@@ -94,10 +101,11 @@ def paired_bootstrap(baseline_stats: np.ndarray, system_stats: np.ndarray, metri
             "score_high": sys_high, "sd": float(np.std(scores_sys - scores_bl, ddof=1))}
 
 
-SENTENCES_ONLY = "sentences only (paired bootstrap)"
+SENTENCES_ONLY = "sentences only (paired bootstrap sd, normal)"
 SENTENCES_AND_SEEDS = "sentences and seeds (Welch t)"
 ONE_SEED_CAVEAT = ("one seed per model: the interval is the test set's noise only, seed variance is not included; "
                    "two seeds of one model can differ by this much")
+Z_975 = 1.959963984540054  # the normal distribution's 97.5% quantile
 
 
 def compare_seeds(baseline_seeds: Sequence[np.ndarray], system_seeds: Sequence[np.ndarray], metric,
@@ -108,93 +116,149 @@ def compare_seeds(baseline_seeds: Sequence[np.ndarray], system_seeds: Sequence[n
     base = [np.asarray(s, dtype="float64") for s in baseline_seeds]
     system = [np.asarray(s, dtype="float64") for s in system_seeds]
     test = paired_bootstrap(sum(base), sum(system), metric, n_samples, seed)
-    mean_sd = seed_mean_bootstrap_sd(base, system, metric, n_samples, seed) if min(len(base), len(system)) > 1 else None
+    shared = None
+    if min(len(base), len(system)) > 1:
+        counts = resample_counts(len(system[0]), n_samples, seed)
+        shared = shared_bootstrap_variance(seed_bootstrap_scores(system, metric, counts),
+                                           seed_bootstrap_scores(base, metric, counts))
     return with_seed_variance(test, [metric._compute_score_from_stats(s.sum(0)).score for s in system],
-                              [metric._compute_score_from_stats(s.sum(0)).score for s in base], mean_sd)
+                              [metric._compute_score_from_stats(s.sum(0)).score for s in base], shared)
 
 
-def seed_mean_bootstrap_sd(baseline_seeds: Sequence[np.ndarray], system_seeds: Sequence[np.ndarray], metric,
-                           n_samples: int = N_BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> float:
-    """Standard deviation, over paired resamples of the test sentences, of the difference of the
-    two models' mean per-seed scores: each resample draws sentences once (``paired_bootstrap``'s
-    draws) and scores every seed's translations of them, so a sentence's translations by the k
-    seeds stay one test item."""
-    n = len(system_seeds[0])
+def resample_counts(n: int, n_samples: int = N_BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """(n_samples, n): how often each of the n test sentences is drawn in each resample, for the
+    draws of ``paired_bootstrap`` (sacrebleu's). A matrix product with per-sentence statistics
+    then sums a resample's statistics, exactly (integer counts), without materialising
+    (n_samples, sentences, statistics) per seed."""
     idxs = np.random.default_rng(seed).choice(n, size=(n_samples, n), replace=True)
-    # how often each sentence is drawn: one matrix product sums a resample's statistics, exactly
-    # (integer counts), without materialising (n_samples, sentences, statistics) per seed
-    counts = np.stack([np.bincount(row, minlength=n) for row in idxs]).astype("float64")
+    return np.stack([np.bincount(row, minlength=n) for row in idxs]).astype("float64")
 
-    def mean_scores(seeds):
-        return np.mean([[metric._compute_score_from_stats(sums).score for sums in counts @ np.asarray(stats, "float64")]
-                        for stats in seeds], axis=0)
 
-    return float(np.std(mean_scores(system_seeds) - mean_scores(baseline_seeds), ddof=1))
+def seed_bootstrap_scores(seeds: Sequence[np.ndarray], metric, counts: np.ndarray) -> np.ndarray:
+    """(resamples, seeds): each seed's corpus score on each resample of the test sentences
+    (``counts``: ``resample_counts``). Every seed is scored on the same resampled sentences, so a
+    sentence's translations by the k seeds stay one test item."""
+    return np.array([[metric._compute_score_from_stats(sums).score for sums in counts @ np.asarray(stats, "float64")]
+                     for stats in seeds]).T
+
+
+def shared_bootstrap_variance(system_scores: np.ndarray, baseline_scores: np.ndarray) -> float:
+    """The test set's variance of the difference of seed means that the seeds share, from
+    ``seed_bootstrap_scores`` of each model ((resamples, k) each, same resamples; k >= 2 a
+    side): C_ss + C_bb - 2 C_sb, where C_ss is the mean bootstrap covariance between the scores
+    of two *different* seeds of the system, C_bb the same for the baseline and C_sb the mean
+    covariance between a system seed and a baseline seed (all different seeds). Each seed's own
+    bootstrap variance, which also holds its seed-by-sentence interaction, is left out: that
+    part is in the spread between seeds already (``with_seed_variance``). It can come out
+    below 0 by noise where the shared part is about 0 (an A/A comparison); it is returned as
+    it is, and ``with_seed_variance`` counts it as 0."""
+    k_sys, k_base = system_scores.shape[1], baseline_scores.shape[1]
+    if min(k_sys, k_base) < 2:
+        raise ValueError("shared_bootstrap_variance needs two or more seeds a side")
+    cov = np.cov(np.hstack([system_scores, baseline_scores]), rowvar=False, ddof=1)
+
+    def between_seeds(block):
+        k = block.shape[0]
+        return (block.sum() - np.trace(block)) / (k * (k - 1))
+
+    return float(between_seeds(cov[:k_sys, :k_sys]) + between_seeds(cov[k_sys:, k_sys:])
+                 - 2 * cov[:k_sys, k_sys:].mean())
 
 
 def with_seed_variance(test: Dict, system_scores: Sequence[float], baseline_scores: Sequence[float],
-                       mean_sd: Optional[float] = None) -> Dict:
+                       shared_variance: Optional[float] = None) -> Dict:
     """``test``: ``paired_bootstrap`` of the two models' statistics pooled over seeds;
-    ``*_scores``: each seed's own corpus score; ``mean_sd``: ``seed_mean_bootstrap_sd`` (needed
-    with two or more seeds a side). Returns the keys of ``vs_baseline`` in the report.
+    ``*_scores``: each seed's own corpus score; ``shared_variance``:
+    ``shared_bootstrap_variance`` (needed with two or more seeds a side). Returns the keys of
+    ``vs_baseline`` in the report.
 
     With several seeds the difference is that of the mean per-seed scores (the means the table
     shows; BLEU of the seeds' outputs pooled can differ from it by several points where seeds
-    differ in output length, the brevity penalty being convex). Its 95% interval adds the two
-    sources of noise: the test set's, as the variance of that difference over paired resamples
-    of the sentences (``mean_sd``), and the training run's, as the spread of the per-seed scores,
-    s_sys^2 / k_sys + s_base^2 / k_base (the squared standard error of a difference of two means
-    of k seeds). The interval is d +- t * sqrt(sum), t from Student's t with the
-    Welch-Satterthwaite degrees of freedom of the seed terms (the bootstrap term counts as
-    known), so that 2 or 3 seeds, whose spread is itself uncertain, give the wide interval they
-    should; the p-value is the t test's.
+    differ in output length, the brevity penalty being convex): D = mean_j S_sys,j -
+    mean_j S_base,j. Each source of noise is counted once. Write seed j's score on the test set
+    T as S_mj = f_m(T) + e_mj(T): f_m(T) is what model m scores on T in expectation over
+    training seeds, e_mj(T) the seed's deviation from it on T, of mean 0 and independent
+    between seeds. e holds the seed's systematic effect and its seed-by-sentence interaction
+    (its luck on particular sentences of T). Over training runs and test sets,
+
+        Var(D) = Var_T(f_sys(T) - f_base(T)) + E_T[v_sys(T) / k_sys + v_base(T) / k_base],
+
+    v_m(T) the variance of e_mj(T) given T. The seed term: the sample variance s_m^2 of the k_m
+    per-seed scores estimates v_m(T) without bias, interaction included, so s_m^2 / k_m. The
+    test-set term: resampling the sentences moves f_m and every e_mj; two different seeds'
+    deviations move independently, so the bootstrap covariance between the scores of two
+    different seeds holds the shared part f only, while a seed's own bootstrap variance also
+    holds its interaction's, which s_m^2 has counted. The term is therefore
+    ``shared_bootstrap_variance`` (C_ss + C_bb - 2 C_sb over pairs of different seeds), not the
+    bootstrap variance of D itself: that one exceeds it by sum_m (V_m - C_mm) / k_m (V_m: the
+    mean of the seeds' own bootstrap variances), the interaction a second time. The earlier
+    interval added it; in a simulated A/A test with no systematic seed spread, its standard
+    error was about sqrt(2) too large and it starred about 1% at a nominal 5%, with power lost
+    (tests/test_seed_interval.py). A negative estimate (noise, where the shared part is about
+    0) counts as 0.
+
+    The interval is d +- t * se, se^2 = shared + s_sys^2 / k_sys + s_base^2 / k_base, t from
+    Student's t with the Welch-Satterthwaite degrees of freedom of the seed terms (the test-set
+    term, from hundreds of sentences rather than a few seeds, counts as known), so that 2 or 3
+    seeds, whose spread is itself uncertain, give the wide interval they should; the p-value is
+    that t test's, so a * is p < 0.05 exactly.
 
     Why not sentences only: seeds of one model then come out "significant" against each other
-    whenever the spread between training runs exceeds the test set's noise (in simulated A/A
-    tests, 3 seeds against 3 of one model, one trial in five to one in three instead of one in
-    twenty; tests/test_study_report.py). Why not resample the seeds as well as the sentences (a
+    whenever the spread between training runs exceeds the test set's noise (simulated A/A
+    tests, tests/test_study_report.py). Why not resample the seeds as well as the sentences (a
     two-level bootstrap): a resample of k seeds out of k underestimates their variance by
-    (k - 1) / k and has no small-sample correction; in the same simulation, with 2 seeds a side
-    whose spread was twice the test noise, it starred 30 of 300 A/A trials (15 expected, above
-    28 too many at the 99.9% level) where this interval starred 15; with 3 seeds, 18 against
-    11. The two terms are also reported apart (``bootstrap_sd``, ``seed_se``), so a reader sees
-    which noise dominates. They overlap in the seed-by-sentence interaction (a seed's luck on
-    particular sentences), which makes the interval somewhat conservative.
+    (k - 1) / k and has no small-sample correction; with 2 or 3 seeds a side it starred about
+    twice the nominal rate of A/A trials in an earlier simulation. The two terms are reported
+    apart (``bootstrap_sd``: the test-set term's square root, ``seed_se``), so a reader sees
+    which noise dominates.
 
-    With one seed on either side the spread between seeds cannot be estimated: the result is
-    the sentence-only bootstrap (sacrebleu's), with ``seed_variance_included`` false and a
-    caveat (bleu_by_length.py refuses unequal seed counts, so one seed against several only
-    reaches here from code). Where nothing varies at all (se = 0) no difference is significant
-    and a nonzero one has no p-value. ``sentences_only`` is that bootstrap in either case: the pooled difference and its
-    percentile interval, what the report gave before seeds were accounted for."""
-    from scipy import stats as scipy_stats
-
-    sentences_only = {k: test[k] for k in ("difference", "low", "high", "p_value", "significant")}
+    With one seed on either side the spread between seeds cannot be estimated: the difference
+    is that of the seeds' statistics pooled, its interval d +- 1.96 * the sd of the paired
+    bootstrap's resampled differences and its p-value the same normal test's, so the * and p
+    agree (sacrebleu's own p-value, a different centred test, is kept in ``sentences_only`` as
+    ``sacrebleu_p_value``), with ``seed_variance_included`` false and a caveat (bleu_by_length.py
+    refuses unequal seed counts, so one seed against several only reaches here from code). Where
+    nothing varies at all (se = 0) no difference is significant and a nonzero one has no
+    p-value. ``sentences_only`` is the pooled difference with its percentile interval and its *,
+    what the report gave before seeds were accounted for."""
+    sentences_only = {"difference": test["difference"], "low": test["low"], "high": test["high"],
+                      "significant": test["significant"], "sacrebleu_p_value": test["p_value"]}
     if min(len(system_scores), len(baseline_scores)) < 2:
-        return {**sentences_only, "sentences_only": sentences_only, "bootstrap_sd": test["sd"],
-                "interval": SENTENCES_ONLY, "seed_variance_included": False, "caveat": ONE_SEED_CAVEAT}
-    if mean_sd is None:
-        raise ValueError("with two or more seeds a side, with_seed_variance needs mean_sd (seed_mean_bootstrap_sd)")
+        d, se = test["difference"], test["sd"]
+        result = _normal_or_t_test(d, se, math.inf)
+        return {**result, "sentences_only": sentences_only, "bootstrap_sd": se, "interval": SENTENCES_ONLY,
+                "seed_variance_included": False, "caveat": ONE_SEED_CAVEAT}
+    if shared_variance is None:
+        raise ValueError("with two or more seeds a side, with_seed_variance needs shared_variance "
+                         "(shared_bootstrap_variance)")
     # statistics.variance is exact (rational arithmetic): seeds that score alike have no spread
     terms = [statistics.variance(scores) / len(scores) for scores in (system_scores, baseline_scores)]
-    se = math.sqrt(mean_sd ** 2 + sum(terms))
+    shared = max(float(shared_variance), 0.0)
+    se = math.sqrt(shared + sum(terms))
     weight = sum(t ** 2 / (len(scores) - 1) for t, scores in zip(terms, (system_scores, baseline_scores)))
     dof = se ** 4 / weight if weight > 0 else math.inf
     d = statistics.fmean(system_scores) - statistics.fmean(baseline_scores)
-    if se == 0:
-        # nothing varies (a bin of one sentence, seeds that translate alike): no noise to test a
-        # difference against, so none is called significant
-        low = high = d
-        p_value = 1.0 if d == 0 else None
-    else:
-        half = float(scipy_stats.t.ppf(0.975, dof)) * se
-        low, high = d - half, d + half
-        p_value = float(2 * scipy_stats.t.sf(abs(d) / se, dof))
-    return {"difference": d, "low": low, "high": high, "p_value": p_value,
-            "significant": bool(se > 0 and (low > 0 or high < 0)),
-            "sentences_only": sentences_only, "bootstrap_sd": mean_sd, "seed_se": math.sqrt(sum(terms)),
+    return {**_normal_or_t_test(d, se, dof), "sentences_only": sentences_only, "bootstrap_sd": math.sqrt(shared),
+            "bootstrap_covariance": float(shared_variance), "seed_se": math.sqrt(sum(terms)),
             "degrees_of_freedom": dof if math.isfinite(dof) else None, "interval": SENTENCES_AND_SEEDS,
             "seed_variance_included": True}
+
+
+def _normal_or_t_test(d: float, se: float, dof: float) -> Dict:
+    """d +- q * se, q Student's t 97.5% quantile with ``dof`` degrees of freedom (the normal's
+    when infinite), and the two-sided p-value of the same test: * (``significant``) exactly
+    where the interval excludes 0, where p < 0.05. se = 0 (a bin of one sentence, seeds that
+    translate alike): no noise to test a difference against, so none is significant."""
+    from scipy import stats as scipy_stats
+
+    if se == 0:
+        return {"difference": d, "low": d, "high": d, "p_value": 1.0 if d == 0 else None, "significant": False}
+    if math.isinf(dof):
+        q, p_value = Z_975, float(2 * scipy_stats.norm.sf(abs(d) / se))
+    else:
+        q, p_value = float(scipy_stats.t.ppf(0.975, dof)), float(2 * scipy_stats.t.sf(abs(d) / se, dof))
+    return {"difference": d, "low": d - q * se, "high": d + q * se, "p_value": p_value,
+            "significant": bool(abs(d) > q * se)}
 
 
 def _interval(samples: np.ndarray):
@@ -262,13 +326,22 @@ def build_report(runs: Dict[str, List], edges: Sequence[int], unit: str, baselin
                 row[key], row[key + "_std"] = _mean_std([s[key] for s in per_seed])
             rows.append(row)
         report["models"][model] = rows
+    seed_boot = {}  # (model, bin) -> each seed's BLEU on each resample (resamples, seeds), computed once
+
+    def bootstrap_scores(model, name):
+        if (model, name) not in seed_boot:
+            stats = seed_stats[model, name]
+            seed_boot[model, name] = seed_bootstrap_scores(stats, bleu, resample_counts(len(stats[0]), n_samples))
+        return seed_boot[model, name]
+
     def compare(row, other_row, other):
         base, system = seed_stats[other, row["bin"]], seed_stats[row["model"], row["bin"]]
         test = paired_bootstrap(sum(base), sum(system), bleu, n_samples)
         several = min(len(base), len(system)) > 1
         return test, with_seed_variance(
             test, [s["bleu"] for s in row["seeds"]], [s["bleu"] for s in other_row["seeds"]],
-            seed_mean_bootstrap_sd(base, system, bleu, n_samples) if several else None)
+            shared_bootstrap_variance(bootstrap_scores(row["model"], row["bin"]), bootstrap_scores(other, row["bin"]))
+            if several else None)
 
     for model, rows in report["models"].items():
         for row, base_row in zip(rows, report["models"][baseline]):
@@ -363,12 +436,14 @@ def significance_legend(report: Dict) -> str:
     if with_seeds:
         parts.append(f"{'with several seeds, ' if one_seed else ''}its 95% interval: the difference of the means "
                      f"over seeds, with the spread between training seeds (the per-seed BLEU of both models, "
-                     f"Student's t with Welch's degrees of freedom) added to the test set's noise (paired "
-                     f"bootstrap, {samples} resamples of the test sentences); * where it excludes 0, a difference "
+                     f"Student's t with Welch's degrees of freedom) added to the test set's noise that the seeds "
+                     f"share (covariance between different seeds' BLEU over {samples} paired resamples of the "
+                     f"test sentences), each counted once; * where it excludes 0 (p < 0.05), a difference "
                      f"larger than retraining and another test set would be expected to make.")
     if one_seed:
-        parts.append(f"{'With one seed, the difference and ' if with_seeds else ''}its paired bootstrap 95% "
-                     f"interval ({samples} resamples of the test sentences), *† where it excludes 0. † One seed per model: the "
+        parts.append(f"{'With one seed, the difference and ' if with_seeds else ''}its 95% interval, ± 1.96 "
+                     f"standard deviations of the paired bootstrap ({samples} resamples of the test sentences), "
+                     f"*† where it excludes 0 (p < 0.05). † One seed per model: the "
                      f"interval is the test set's noise only, SEED VARIANCE IS NOT INCLUDED; a *† says the "
                      f"difference exceeds what another test set would make, not what retraining would "
                      f"(two seeds of one model can differ this much): run several seeds.")
