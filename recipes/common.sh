@@ -531,6 +531,8 @@ train_model() {
   local data_bin=$1
   ls "$data_bin"/dict.*.txt > /dev/null 2>&1 || die "no fairseq dictionary in $data_bin: run prepare.sh first"
   if warm_started "$ENC"; then  # FLOATER's protocol plans its stages itself, in this shell
+    if [ "$ENC" = floater ]; then echo "== FLOATER: the paper's warm-start protocol (recipes/floater/protocol.sh) -> $OUT"
+    else echo "== RNN ($ENC): FLOATER's warm-start protocol (recipes/floater/protocol.sh) -> $OUT"; fi
     train_warm_started "$data_bin"
     return
   fi

@@ -306,7 +306,7 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     assert (control["optimizer_history"][-1]["num_updates"] == stage2["optimizer_history"][-1]["num_updates"]
             == int(re.search(r"\| stage floater: ends at its update (\d+) ", stdout).group(1)))
     control_log = (out / "floater" / "vanilla_continued" / "train.log").read_text()
-    assert f"loading pretrained model from {out}/floater/vanilla/checkpoint_best.pt" in control_log
+    assert f"loading pretrained model from {os.path.realpath(out / 'floater' / 'vanilla')}/checkpoint_best.pt" in control_log
     assert (out / "floater" / "vanilla_continued" / "averaged_last2.pt").exists()
     assert re.search(r"^\| vanilla_continued \| \d+\.\d \(", report, re.M)
     assert re.search(r"^\| floater - vanilla_continued \| [+-]\d+\.\d \[", report, re.M)
@@ -314,7 +314,9 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     assert all("vs_control" in row for row in results["models"]["floater"])
     # a re-run with the same settings trains and decodes nothing again
     stdout = ok(run("extrapolation/run.sh", env=env))
-    assert stdout.count("done before, skipping") == 4 and "fairseq-train" not in stdout
+    # every model's stages are decided again (finished: skipped) and its decode step is done before
+    assert stdout.count("done before, skipping") == 4 and "done training" not in stdout
+    assert stdout.count(": skip finished at update") == 4  # sinusoidal; FLOATER's vanilla, FLOATER, its control
     # a deleted marker decodes the model again without training it (fairseq-train would train one
     # update more)
     trained = torch.load(out / "sinusoidal" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
@@ -328,7 +330,8 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     # model, find it finished and decode it under the new label)
     old = torch.load(out / "sinusoidal" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     stdout = ok(run("extrapolation/run.sh", env={**env, "ENCODINGS": "sinusoidal", "LR": "4e-3"}))
-    assert "redoing" in stdout and "sinusoidal: restart settings changed: lr 5e-3 -> 4e-3" in stdout
+    assert "redoing" in stdout and ("sinusoidal: restart another configuration (lr: [0.005] -> [0.004] (lr_scheduler, "
+                                     "model, optimization, optimizer))") in stdout
     new = torch.load(out / "sinusoidal" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert old["cfg"]["optimization"]["lr"] == [5e-3] and new["cfg"]["optimization"]["lr"] == [4e-3]
     train_log = (out / "sinusoidal" / "train.log").read_text()
@@ -683,8 +686,9 @@ def test_train_into_an_out_of_other_settings_is_refused(prepared, tmp_path):
         "num_updates"] == 6
     proc = run("wmt14_en_de/train.sh", env={**env, "MAX_UPDATE": "6", "LR": "1e-3"})
     assert proc.returncode == 2
-    assert (f"{tmp_path / 'run'} holds checkpoints of a run with other settings (settings changed: lr 5e-3 -> 1e-3); "
-            "fairseq-train would resume it: use another OUT, or delete its checkpoints to start over") in proc.stderr
+    assert (f"{tmp_path / 'run'} holds checkpoints of another configuration: lr: [0.005] -> [0.001] (lr_scheduler, "
+            "model, optimization, optimizer). fairseq-train would resume them: use another OUT, delete its checkpoints "
+            "to start over, or set STAGE_ON_CHANGE=restart") in proc.stderr
     # the log of all three runs, appended
     log = (tmp_path / "run" / "train.log").read_text()
     assert log.count(": start nothing trained yet") == 1 and log.count(": resume stopped at update 4") == 1

@@ -187,6 +187,23 @@ def test_floater_variants_share_one_vanilla_stage(tmp_path):
     assert len(os.listdir(tmp_path / "runs" / "shared")) == 2
 
 
+def test_variants_started_together_train_their_shared_vanilla_stage_once(tmp_path):
+    """Two FLOATER variants launched at the same time: one trains the shared vanilla stage, the
+    other waits on its lock and then finds it finished."""
+    data_bin = _corpus(str(tmp_path / "corpus"), seed=1)
+    log = str(tmp_path / "calls.jsonl")
+    path = f"{STUBS}:{os.path.join(REPO, '.venv', 'bin')}:{os.environ['PATH']}"
+    procs = [subprocess.Popen(["bash", FLOATER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **BASE, **env, "DATA_BIN": data_bin, "STUB_LOG": log, "PATH": path,
+                                   "OUT": str(tmp_path / "runs" / name), "STUB_SECONDS_PER_UPDATE": "2"})
+             for name, env in (("all", {}), ("input", {"POSITION_BLOCKS": "input"}))]
+    outputs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert sorted(_calls(log)) == [("floater", 0, 4), ("floater", 0, 4), ("vanilla", 0, 6)]
+    assert sum("another run is training" in out for out, _ in outputs) == 1
+    assert sum(": skip finished at update 6" in out for out, _ in outputs) == 1
+
+
 def test_a_refused_rerun_leaves_the_label_of_the_run_that_trained(finished, tmp_path):
     """train.env (what evaluate.sh labels the checkpoint with) is written once the decision accepted
     the run: a refused re-run without EVAL_BLEU keeps a BLEU-selected run's label."""

@@ -26,7 +26,7 @@ train_warm_started() {
   [ "$ENC" = rnn ] && name=RNN
   VANILLA_CONTINUED="${VANILLA_CONTINUED:-0}"
   case "$VANILLA_CONTINUED" in 0|1) ;; *) die "VANILLA_CONTINUED must be 0 or 1, got '$VANILLA_CONTINUED'" ;; esac
-  ls "$data_bin"/dict.*.txt >/dev/null 2>&1 || die "no fairseq dictionary in $data_bin: run fairseq-preprocess first"
+  ls "$data_bin"/dict.*.txt >/dev/null 2>&1 || die "no fairseq dictionary in ${DATA_BIN_NAME:-}$data_bin: run fairseq-preprocess first"
   local half_lr; half_lr=$("$PYTHON" -c "print(float('$LR') / 2)")
   echo "== $name protocol ($ARCH): vanilla at lr $LR, $name at lr $half_lr, dropout $DROPOUT -> $OUT"
   plan_training "$data_bin"
@@ -73,9 +73,9 @@ train_warm_started() {
   echo "== 1/3 vanilla transformer_sinusoidal_$SUFFIX, lr $LR, ${MAX_EPOCH:+$MAX_EPOCH epochs / }${MAX_UPDATE:+$MAX_UPDATE updates }on $DEVICE_DESC -> $vanilla"
   # one run trains it, the others (another variant started at the same time) wait for it
   local lock
-  exec {lock}>"$vanilla/.lock"
+  exec {lock}>"$vanilla.lock"
   if [ "${FIRST_NODE:-1}" = 1 ] && ! flock -n "$lock"; then
-    echo "   another run is training $vanilla: waiting for it (lock $vanilla/.lock)"
+    echo "   another run is training $vanilla: waiting for it (lock $vanilla.lock)"
     flock "$lock"
   fi
   # stage 1 keeps checkpoint_best.pt, checkpoint_last.pt and its last interval checkpoint

@@ -37,4 +37,4 @@ parse_run_args "$@"
 ENC="${ENC:-floater}"  # or rnn: Table 6's RNN encoders, trained by the same protocol
 MAX_EPOCH="${MAX_EPOCH:-${VANILLA_EPOCHS:-}}"
 set_training_defaults
-train_warm_started "$DATA_BIN"  # recipes/floater/protocol.sh
+DATA_BIN_NAME="DATA_BIN=" train_warm_started "$DATA_BIN"  # recipes/floater/protocol.sh
