@@ -8,10 +8,15 @@ every ``train_step``. Modules without the method never notice.
 
 A module that adds gradients of its own once the update's are complete (FLOATER's
 ``--floater-solve-every``: the gradient of several updates, backpropagated once) defines
-``finish_update(scale)``: the wrapper calls it right after the trainer's ``multiply_grads(scale)``
-(1 / sample size, after all passes' backward, before clipping and the optimizer step), so the
-module sees the factor every gradient of the update was normalised by. A loop of one's own calls
-:func:`finish_update` before its optimizer step.
+``finish_update(scale, trainer)``: the wrapper calls it right after the trainer's
+``multiply_grads(scale)`` (1 / sample size, after all passes' backward and the workers'
+all-reduce, before clipping and the optimizer step), so the module sees the factor every gradient
+of the update was normalised by, and the trainer (its optimizer, its loss scale, its workers).
+After the update the wrapper calls ``end_update(applied)``: False when the trainer skipped it (a
+loss-scale overflow). Such a module may define ``check_trainer(trainer)``, called when fairseq's
+``Trainer`` is built, before its optimizer, its DDP wrapper and the first update: to refuse what it
+cannot run under, or to set fairseq up for it. A loop of one's own calls :func:`finish_update`
+before its optimizer step.
 
 Every optimizer step is also counted (:func:`optimizer_steps`), through torch's global step hook
 rather than the trainer: a bare ``optimizer.step()`` (a user's loop, a test) never passes through
@@ -68,15 +73,32 @@ def _finishers(model: nn.Module):
             if callable(getattr(m, "finish_update", None)) and getattr(m, "wants_finish_update", True)]
 
 
+def _check_trainer(trainer):
+    """Every module's ``check_trainer``, once per trainer."""
+    if getattr(trainer, "_posenc_checked", False):
+        return
+    for module in _finishers(trainer._model):
+        check = getattr(module, "check_trainer", None)
+        if callable(check):
+            check(trainer)
+    trainer._posenc_checked = True
+
+
 def install():
-    """Wrap ``fairseq.trainer.Trainer.train_step`` and count optimizer steps; safe to call more
-    than once."""
+    """Wrap ``fairseq.trainer.Trainer.__init__`` and ``train_step`` and count optimizer steps;
+    safe to call more than once."""
     from fairseq.trainer import Trainer
 
     count_optimizer_steps()
     original = Trainer.train_step
     if getattr(original, "announces_updates", False):
         return
+    original_init = Trainer.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        _check_trainer(self)  # before the optimizer, the DDP wrapper and the first update exist
 
     @functools.wraps(original)
     def train_step(self, samples, *args, **kwargs):
@@ -84,26 +106,35 @@ def install():
         finishers = _finishers(self.model)
         if not finishers:
             return original(self, samples, *args, **kwargs)
-        for module in finishers:
-            check = getattr(module, "check_trainer", None)
-            if callable(check):
-                check(self)
+        _check_trainer(self)
         optimizer = self.optimizer
+        if getattr(optimizer.multiply_grads, "finishes_update", False):
+            # fairseq's AMP retries an overflowed update by calling train_step again, inside this one
+            return original(self, samples, *args, **kwargs)
         multiply, own = optimizer.multiply_grads, "multiply_grads" in vars(optimizer)
 
         def multiply_then_finish(c):
             multiply(c)
             for module in finishers:
-                module.finish_update(c)
+                module.finish_update(c, self)
 
+        multiply_then_finish.finishes_update = True
         optimizer.multiply_grads = multiply_then_finish  # on this instance, for this update only
+        before, applied = self.get_num_updates(), False
         try:
-            return original(self, samples, *args, **kwargs)
+            result = original(self, samples, *args, **kwargs)
+            applied = self.get_num_updates() > before
+            return result
         finally:
             if own:
                 optimizer.multiply_grads = multiply
             else:
                 del optimizer.multiply_grads
+            for module in finishers:
+                end = getattr(module, "end_update", None)
+                if callable(end):
+                    end(applied)
 
     train_step.announces_updates = True
+    Trainer.__init__ = __init__
     Trainer.train_step = train_step

@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -134,3 +135,81 @@ def test_two_processes_train_exactly_as_one_with_the_same_total_batch(data_bin, 
 
 def test_fairseqs_legacy_ddp_trains_exactly_as_one_process(data_bin, tmp_path):
     _assert_same_training(data_bin, tmp_path, "floater", "legacy_ddp")
+
+
+# FLOATER with --floater-solve-every N > 1: each rank accumulates the gradient of its own passes on
+# the kept solution, and at the cycle's last update the ranks all-reduce it once (sum / ranks, as
+# DDP averages every other gradient) and backpropagate it through one solve each. torch's DDP is
+# told to ignore the flow model's parameters, which the passes never use: it runs without
+# --find-unused-parameters. Each rank writes its flow model at the end (only rank 0 saves a
+# checkpoint), so that the test sees that every rank holds the same h.
+FLOW_RECORD = """
+import os, sys
+import torch
+from fairseq_cli.train import cli_main  # first: it sets up the logging that the test reads
+from fairseq.trainer import Trainer
+import fairseq_posenc
+
+trainers, init = [], Trainer.__init__
+
+def record_init(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    trainers.append(self)
+
+Trainer.__init__ = record_init
+sys.argv[0] = "fairseq-train"
+cli_main()
+ode = trainers[0].get_model().encoder.position_encoding.ode
+torch.save({n: p.detach().clone() for n, p in ode.named_parameters()},
+           os.environ["FLOW_OUT"] + str(trainers[0].data_parallel_rank) + ".pt")
+"""
+
+SOLVE_EVERY = ["--floater-solve-every", "2", "--max-update", "5"]  # 5: the last cycle is cut by --max-update
+
+
+def _flow_run(cmd, log, flow_out):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FLOW_OUT": flow_out}
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-c", FLOW_RECORD, *cmd[1:]], stdout=out, stderr=subprocess.STDOUT,
+                                env=env)
+
+
+def test_floaters_flow_update_every_n_updates_trains_two_processes_as_one(data_bin, tmp_path):
+    """Both DDP backends (legacy_ddp fills a missing gradient with zeros, which the schedule takes
+    back: Adam would move h at every update), and the single process, all five at once."""
+    backends, procs = ("pytorch_ddp", "legacy_ddp"), {}
+    for backend in backends:
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        for rank in (0, 1):
+            procs[backend, rank] = _flow_run(_command(
+                data_bin, str(tmp_path / backend), "floater", *SOLVE_EVERY, "--distributed-world-size", "2",
+                "--distributed-rank", str(rank), "--distributed-init-method", init, "--distributed-no-spawn",
+                "--distributed-backend", "gloo", "--ddp-backend", backend), tmp_path / f"{backend}{rank}.log",
+                str(tmp_path / f"{backend}_flow"))
+    procs["single"] = _flow_run(_command(data_bin, str(tmp_path / "single"), "floater", *SOLVE_EVERY, "--update-freq",
+                                         "2"), tmp_path / "single.log", str(tmp_path / "single_flow"))
+    logs = {key: _finish(p, tmp_path / (f"{key[0]}{key[1]}.log" if key != "single" else "single.log"))
+            for key, p in procs.items()}
+    reference = _losses(logs["single"])
+    single_flow = torch.load(tmp_path / "single_flow0.pt")
+    expected = _parameters(tmp_path / "single")
+    assert len(reference) == 5
+    for backend in backends:
+        rank0_log = logs[backend, 0]
+        assert "'distributed_world_size': 2" in rank0_log and "'find_unused_parameters': False" in rank0_log
+        assert ("DDP ignores the flow model's parameters" in rank0_log) == (backend == "pytorch_ddp")
+        assert _losses(rank0_log) == reference, backend
+        # every rank holds the same flow model, bit for bit
+        flows = [torch.load(tmp_path / f"{backend}_flow{rank}.pt") for rank in (0, 1)]
+        assert flows[0].keys() == flows[1].keys() == single_flow.keys()
+        assert all(torch.equal(flows[0][n], flows[1][n]) for n in flows[0]), backend
+        # and as the single process trained it, as every other parameter (the module doc: to
+        # rounding, which Adam normalises into steps of up to lr on the key biases' near-zero gradients)
+        trained = _parameters(tmp_path / backend)
+        differences = {name: (trained[name].float() - expected[name].float()).abs().max().item()
+                       for name in expected if expected[name].is_floating_point() and expected[name].numel()}
+        largest = max(differences.items(), key=lambda kv: kv[1])
+        print(f"floater N=2 {backend}: largest parameter difference {largest}")
+        assert largest[1] <= PARAMETER_TOLERANCE, (backend, largest)
+        # the flow model moved at updates 2, 4 and at the last, 5: no gradient is left pending
+        assert not trained["encoder.position_encoding.ode.pending_gradient"].any(), backend

@@ -3,14 +3,14 @@ import os
 import shutil
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
-from fairseq_posenc.positions.floater_schedule import PENDING, refuse_unsupported
+from fairseq_posenc.positions.floater_schedule import PENDING
+from floater_trainer import FLOW
 from fairseq_posenc.update_hooks import announce_update, finish_update
 from tolerances import EPS32, assert_within, float32_tolerance, magnitude, transformer_terms
 from toy import TINY, build_model, full_log_probs, toy_batch, toy_dictionary
@@ -38,6 +38,11 @@ def _ode_state(model):
     return {name: p.detach().clone() for name, p in model.encoder.position_encoding.ode.named_parameters()}
 
 
+def _p0(ode):
+    """The initial states p(0) = C V (the parameter itself in code from before they were scaled)."""
+    return ode.initial_state() if hasattr(ode, "initial_state") else ode.initial
+
+
 BATCHES = [([6, 4], 5), ([9, 3], 4), ([5, 5], 8), ([7, 2], 6)]
 
 
@@ -61,22 +66,33 @@ def test_solving_every_update_is_todays_model_bit_for_bit():
         assert torch.equal(a, b) and torch.equal(a.grad, b.grad), name
 
 
-def test_bad_values_and_unsupported_training_are_refused():
+def test_bad_values_are_refused():
     with pytest.raises(PosencError, match="--floater-solve-every must be a whole number >= 1"):
         floater("--floater-solve-every", "0")
-    with pytest.raises(PosencError, match="--floater-lr-scale must be positive"):
+    with pytest.raises(PosencError, match="--floater-lr-scale must be a positive finite number"):
         floater("--floater-lr-scale", "-2")
 
-    def trainer(workers=1, **common):
-        flags = {"fp16": False, "bf16": False, "amp": False, "memory_efficient_fp16": False, **common}
-        return SimpleNamespace(cfg=SimpleNamespace(common=SimpleNamespace(**flags)), data_parallel_world_size=workers)
 
-    refuse_unsupported(trainer())
-    for flag in ("fp16", "bf16", "amp"):
-        with pytest.raises(PosencError, match="float32 training only"):
-            refuse_unsupported(trainer(**{flag: True}))
-    with pytest.raises(PosencError, match="one training process only"):
-        refuse_unsupported(trainer(workers=2))
+def test_unsupported_training_is_refused_when_the_trainer_is_built(data_bin):
+    """Before the first update: when fairseq builds its Trainer (the world size is known then),
+    not at the first training step. BMUF steps every worker on its own and averages the weights
+    now and then; the schedule's one all-reduce per cycle has no place in it."""
+    from floater_trainer import build_trainer, config
+
+    with pytest.raises(PosencError, match="--floater-solve-every 2 does not support --use-bmuf"):
+        build_trainer(config(data_bin, "--floater-solve-every", "2", "--use-bmuf"))
+    build_trainer(config(data_bin, "--use-bmuf"))  # N = 1 has nothing to refuse
+
+
+def test_the_lr_scale_follows_n_unless_given():
+    """C = N by default (floater_schedule.lr_scale says why); a C given is kept, N = 1 keeps 1."""
+    def scale(*flags):
+        return floater(*flags).encoder.position_encoding.ode.dynamics.lr_scale
+
+    assert scale() == 1.0
+    assert scale("--floater-solve-every", "10") == 10.0
+    assert scale("--floater-solve-every", "10", "--floater-lr-scale", "3") == 3.0
+    assert scale("--floater-lr-scale", "4") == 4.0
 
 
 @pytest.mark.numerics
@@ -91,16 +107,19 @@ def test_the_lr_scale_is_a_reparametrisation_that_adam_steps_c_times_as_far():
     terms = transformer_terms(one, 6, 5) + length * 5 * 4 * 2 * 32
     assert_within(outs[c], outs[1.0], float32_tolerance(terms, magnitude(outs[1.0], floor=1)), "log-probs")
 
-    moved, grads = {}, {}
+    moved, grads, moved_initial, initial_grads = {}, {}, {}, {}
     for scale, model in models.items():
         ode = model.encoder.position_encoding.ode
         before = [w.detach().clone() for w in ode.dynamics.float32().weights]
-        optimizer = fairseq_adam(ode.dynamics.parameters(), lr=lr)
+        before_initial = _p0(ode).detach().clone()
+        optimizer = fairseq_adam(ode.parameters(), lr=lr)  # h and the initial states
         target = torch.randn(length, *ode.initial.shape, generator=torch.Generator().manual_seed(0))
         (ode.positions(length) * target).sum().backward()
         grads[scale] = ode.dynamics.fc1.weight.grad.clone() / scale  # the gradient on W
+        initial_grads[scale] = ode.initial.grad.clone() / scale  # on p(0)
         optimizer.step()
         moved[scale] = [after.detach() - b for after, b in zip(ode.dynamics.float32().weights, before)]
+        moved_initial[scale] = _p0(ode).detach() - before_initial
     # Adam's first step: dV = -lr g / (|g| + eps / sqrt(1 - beta2)), with g = C dL/dW for V: W = C V
     # moves by C lr g / (|g| + eps'/C), C times the step at C = 1 up to C lr eps' / |g|, where the
     # entries are compared (|g| above 1% of the largest, far above its rounding). Each difference
@@ -114,6 +133,46 @@ def test_the_lr_scale_is_a_reparametrisation_that_adam_steps_c_times_as_far():
     assert tolerance < 1e-2 * c * lr  # far below the step compared
     assert_within(moved[c][0][keep], c * moved[1.0][0][keep], tolerance, "fc1's step")
     assert_within(moved[1.0][0][keep].abs(), torch.full_like(g[keep], lr), lr * 1e-2, "a step of about lr at C = 1")
+    # the initial states too (--floater-lr-scale covers them): p(0) = C V moves C times as far
+    g = initial_grads[1.0]
+    keep = g.abs() > 1e-2 * g.abs().max()
+    assert keep.sum() > 100
+    reading = 4 * c * EPS32 * magnitude(moved_initial[c], _p0(models[c].encoder.position_encoding.ode))
+    tolerance = c * lr * eps_adam / g.abs()[keep].min().item() + reading
+    assert tolerance < 1e-2 * c * lr
+    assert_within(moved_initial[c][keep], c * moved_initial[1.0][keep], tolerance, "p(0)'s step")
+
+
+def test_the_lr_scale_is_saved_with_the_weights_and_rescaled_on_load():
+    """C is saved with the weights (the dynamics' extra state): loaded into a model of another C
+    (--restore-file or --finetune-from-model with a changed flag, --model-overrides, a state dict
+    by hand), h and the initial states are rescaled so that the model computes what was saved.
+    A state dict without it was saved before C was stored: h as it is (fairseq rebuilds a model
+    with its own flags), the initial states, then stored unscaled, divided by C."""
+    saved = floater("--floater-lr-scale", "4", seed=3)
+    ode = saved.encoder.position_encoding.ode
+    with torch.no_grad():
+        expected = ode._solve(_p0(ode), 0, 12)
+    state = saved.state_dict()
+    assert float(state[ODE + "dynamics._extra_state"]) == 4.0
+    for flags in ([], ["--floater-lr-scale", "4"], ["--floater-solve-every", "10"]):  # C = 1, 4, 10
+        loaded = floater(*flags, seed=5)
+        loaded.load_state_dict(state)
+        other = loaded.encoder.position_encoding.ode
+        with torch.no_grad():
+            solution = other._solve(_p0(other), 0, 12)
+        # one rounding of each weight (C / C') and of W = C' V, carried through 12 positions of
+        # 5 rk4 steps of 4 evaluations, each a sum over the width
+        assert_within(solution, expected, float32_tolerance(2 + 12 * 5 * 4 * 32, magnitude(expected)), str(flags))
+        if other.lr_scale != 4.0:
+            assert not torch.equal(other.dynamics.fc1.weight, ode.dynamics.fc1.weight)
+    legacy = {k: v for k, v in state.items() if not k.endswith("_extra_state")}
+    legacy[ODE + "initial"] = _p0(ode).detach()  # what the code before stored: W
+    loaded = floater("--floater-lr-scale", "4", seed=5)
+    loaded.load_state_dict(legacy)
+    other = loaded.encoder.position_encoding.ode
+    assert torch.equal(other.dynamics.fc1.weight, ode.dynamics.fc1.weight)
+    assert_within(_p0(other), _p0(ode), float32_tolerance(2, magnitude(_p0(ode))))
 
 
 def _update(model, optimizer, update, scale, passes=2):
@@ -134,7 +193,7 @@ def _update(model, optimizer, update, scale, passes=2):
 
 
 @pytest.mark.numerics
-def test_the_flow_model_moves_every_n_updates_with_the_sum_of_their_gradients():
+def test_the_flow_model_moves_every_n_updates_with_the_mean_of_their_gradients():
     every, passes, updates = 3, 2, 6
     model = floater("--floater-solve-every", str(every))
     ode = model.encoder.position_encoding.ode
@@ -160,22 +219,26 @@ def test_the_flow_model_moves_every_n_updates_with_the_sum_of_their_gradients():
             assert all(g is None for g in grads.values()), update  # Adam skips them: no momentum step
             assert all(torch.equal(before[k], after[k]) for k in before), update
             continue
-        # the cycle's 3 updates of 2 passes, each the model's chain (the reference's through its own
-        # solve, the schedule's through the kept one) and the ODE's backward (9 positions, 5 rk4 steps
-        # of 4 evaluations, a sum over the width each): relative to the largest gradient
+        # the mean over the cycle's 3 updates (not their sum: under --clip-norm a sum N times one
+        # update's size would clip every other parameter of the flow update), of 2 passes each, each
+        # the model's chain (the reference's through its own solve, the schedule's through the kept
+        # one) and the ODE's backward (9 positions, 5 rk4 steps of 4 evaluations, a sum over the
+        # width each): relative to the largest gradient
+        # (the model stores V = W / C, C = N by default: its gradients are C times W's, the reference's)
+        expected = {k: v * ode.dynamics.lr_scale / every for k, v in expected.items()}
         terms = 2 * every * passes * transformer_terms(model, 9, 8) + 9 * 5 * 4 * 32
         tolerance = float32_tolerance(terms, magnitude(*expected.values()))
         for name in expected:
             assert_within(grads[name], expected[name], tolerance, f"update {update}: {name}")
         # the bound is far below one update's share: a cycle that lost one would fail it
-        assert max(ref[name].abs().max().item() for name in ref) > 10 * tolerance
+        assert max(ref[name].abs().max().item() for name in ref) / every > 10 * tolerance
         assert all(not torch.equal(before[k], after[k]) for k in before), update
         expected = None
         # validation right after the flow update: the kept solution is the new parameters'
         before_flow = ode.solution[:9].clone()
         with torch.no_grad():
             model.eval()(*_batch(7, 0))
-            fresh = ode._solve(ode.initial, 0, 9)
+            fresh = ode._solve(_p0(ode), 0, 9)
         assert_within(ode.solution[:9], fresh, float32_tolerance(9 * 5 * 4 * 32, magnitude(fresh)), "validation")
         assert (ode.solution[:9] - before_flow).abs().max() > 0
 
@@ -216,16 +279,17 @@ records, finish, valid_step = [], FloaterODE.finish_update, Trainer.valid_step
 def state(ode):
     return {n: p.detach().clone() for n, p in ode.named_parameters()}
 
-def finish_update(self, scale):
-    finish(self, scale)
-    records.append({"update": self.schedule.num_updates - 1, "before": state(self),
+def finish_update(self, scale, *trainer):
+    finish(self, scale, *trainer)
+    update = trainer[0].get_num_updates() if trainer else self.schedule.num_updates - 1  # (the code before)
+    records.append({"update": update, "before": state(self),
                     "grads": [n for n, p in self.named_parameters() if p.grad is not None]})
 
 def valid(self, *args, **kwargs):
     out = valid_step(self, *args, **kwargs)
     ode = self.model.encoder.position_encoding.ode
     with torch.no_grad():
-        fresh = ode._solve(ode.initial, 0, 12)
+        fresh = ode._solve(ode.initial_state() if hasattr(ode, "initial_state") else ode.initial, 0, 12)
     records.append({"validation": self.get_num_updates(), "kept": ode.solution[:12].clone(), "fresh": fresh})
     return out
 
@@ -268,6 +332,13 @@ def test_fairseq_train_moves_the_flow_model_every_n_updates_and_resumes_mid_cycl
             assert r["grads"] == [] and moved == [], r["update"]
         else:  # h and the initial states, all of them, at updates 3 and 6 (fairseq's count from 1)
             assert sorted(r["grads"]) == sorted(r["before"]) and sorted(moved) == sorted(r["before"]), r["update"]
+    # --max-update 8 cuts the last cycle (updates 7-9) short: its two updates are applied at the
+    # run's last update, not left in the checkpoint
+    last = updates[-1]
+    assert sorted(last["grads"]) == sorted(last["before"])
+    final = torch.load(str(tmp_path / "whole" / "checkpoint_last.pt"))["model"]
+    assert not final[ODE + PENDING].any()
+    assert all(not torch.equal(final[ODE + n], last["before"][n]) for n in last["before"])
     validations = [r for r in records if "validation" in r]
     # every 3 updates, right after the flow updates, and before the checkpoint of update 4 (mid-cycle)
     assert {3, 4, 6} <= {v["validation"] for v in validations}
@@ -275,14 +346,16 @@ def test_fairseq_train_moves_the_flow_model_every_n_updates_and_resumes_mid_cycl
         # 12 positions of 5 rk4 steps of 4 evaluations, a sum over the width each
         assert_within(v["kept"], v["fresh"], float32_tolerance(12 * 5 * 4 * 32, magnitude(v["fresh"])))
 
-    # stopped after update 4, one update into the cycle of updates 4-6, and resumed; once more with
-    # the pending gradient removed from the checkpoint (what a resume without it would do)
+    # resumed from the checkpoint of update 4, one update into the cycle of updates 4-6 (as after a
+    # preemption: a run that ends at --max-update 4 applies that cycle instead); once more with the
+    # pending gradient removed from the checkpoint (what a resume without it would do)
     split, dropped = str(tmp_path / "split"), str(tmp_path / "dropped")
-    _train(data_bin, split, 4, str(tmp_path / "first.pt"))
-    shutil.copytree(split, dropped)
-    saved = torch.load(os.path.join(split, "checkpoint_last.pt"))
+    saved = torch.load(str(tmp_path / "whole" / "checkpoint_1_4.pt"))
     assert saved["model"][ODE + PENDING].abs().max() > 0
+    os.makedirs(split)
+    torch.save(saved, os.path.join(split, "checkpoint_last.pt"))
     del saved["model"][ODE + PENDING]
+    os.makedirs(dropped)
     torch.save(saved, os.path.join(dropped, "checkpoint_last.pt"))
     for save_dir in (split, dropped):
         _train(data_bin, save_dir, 8, str(tmp_path / "second.pt"))
@@ -302,3 +375,50 @@ def test_fairseq_train_moves_the_flow_model_every_n_updates_and_resumes_mid_cycl
     for name in resumed:
         if name.startswith(ODE):
             assert resumed[name] <= floor < without[name] / 100, (name, resumed[name], floor, without[name])
+
+
+def test_under_clip_norm_the_flow_update_is_one_updates_size_and_clipped_with_the_rest(data_bin, monkeypatch):
+    """fairseq's trainer in this process, float32, --clip-norm set low enough to clip. At the flow
+    update (the third of N = 3) the gradient of h and the initial states, as the trainer clips it,
+    is the mean of the three updates' (not their sum: N times one update's size, it would take
+    most of the clip norm and shrink every other parameter's step); it is part of the norm fairseq
+    computes and logs, and it is clipped by the same factor as every other parameter."""
+    from floater_trainer import Recorder, batches, build_trainer, config
+
+    every = 3
+    trainer = build_trainer(config(data_bin, "--floater-solve-every", str(every), "--clip-norm", "0.05"))
+    recorder = Recorder(trainer, monkeypatch)
+    optimizer, seen = trainer.optimizer, {}
+    clip = optimizer.clip_grad_norm
+
+    def record_clip(max_norm, aggregate_norm_fn=None):
+        seen["before"] = {n: p.grad.detach().clone() for n, p in trainer.get_model().named_parameters()
+                          if p.grad is not None}
+        seen["norm"] = clip(max_norm, aggregate_norm_fn=aggregate_norm_fn)
+        return seen["norm"]
+
+    monkeypatch.setattr(optimizer, "clip_grad_norm", record_clip)
+    updates = iter(batches(trainer, 2))
+    steps = [recorder.step(next(updates)) for _ in range(every)]
+    flow, before = steps[-1], seen["before"]
+    expected, _ = recorder.expected_flow_gradient(steps)
+    ode_prefix = "encoder.position_encoding.ode."
+    terms = max(g.size(0) for s in steps for g in s["attempts"][-1]["passes"]) * 5 * 4 * 32 + 2 * every + 4
+    for name, want in zip(FLOW, expected):
+        tolerance = float32_tolerance(terms, magnitude(want), sides=1)
+        assert_within(before[ode_prefix + name].double(), want, tolerance, name)
+        assert want.abs().max() > 10 * tolerance
+    # the norm fairseq clips by (and logs) is that of all gradients, the flow model's included
+    everything = torch.cat([g.double().flatten() for g in before.values()])
+    norm = everything.norm().item()
+    assert_within(torch.tensor(float(seen["norm"])), torch.tensor(norm), float32_tolerance(everything.numel(), norm))
+    # one clip factor for all: the flow model's as another weight's
+    other = "decoder.layers.0.fc2.weight"
+    masters = dict(zip(FLOW, flow["handed"]))
+    weight = trainer.get_model().get_parameter(other)
+    factor = 0.05 / (norm + 1e-6)
+    assert factor < 0.5  # clipping is at work
+    for name in FLOW:
+        want = before[ode_prefix + name] * factor
+        assert_within(masters[name], want, float32_tolerance(4, magnitude(want)), name)
+    assert weight.grad is not None

@@ -131,7 +131,8 @@ def test_tables_are_checked_once_per_decode_not_every_step(monkeypatch):
     calls = []
     real = kept.KeptFrom.still_current
     monkeypatch.setattr(kept.KeptFrom, "still_current",
-                        lambda self, tensors, contents=True: calls.append(contents) or real(self, tensors, contents))
+                        lambda self, key, tensors, contents=True: calls.append(contents) or real(self, key, tensors,
+                                                                                                 contents))
     encoder_out = model.encoder(batch[0], batch[1])
     state = {}
     for t in range(batch[2].size(1)):

@@ -17,7 +17,8 @@ from torchdiffeq import odeint
 from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions, PositionEncoding
 from fairseq_posenc.positions.alibi import ALiBi
 from fairseq_posenc.positions.floater import FloaterODE
-from tolerances import assert_within
+from tolerances import assert_within, float32_tolerance, magnitude
+from floater_trainer import FLOW
 from toy import build_model, toy_batch, with_strong_positions
 
 
@@ -169,3 +170,96 @@ def test_torchdiffeqs_solvers_stay_in_float32_under_autocast(solver, adjoint):
     assert got.dtype == torch.float32 and torch.equal(got, exact)
     for name, grad in exact_grads.items():
         assert torch.equal(got_grads[name], grad), name
+
+
+# --- FLOATER's --floater-solve-every under fairseq's half-precision optimizers -------------------
+# Through fairseq's own Trainer in this process (tests/floater_trainer.py): --fp16 (FP16Optimizer,
+# fp32 master weights, loss scaling), --memory-efficient-fp16 (Adam on the fp16 weights, loss
+# scaling), --bf16 / --memory-efficient-bf16 (the same two, no loss scaler), --amp (fp32 weights,
+# torch's GradScaler: on a machine without CUDA fairseq's scaler is disabled, so the test gives it
+# torch's CPU GradScaler, which scales as the CUDA one does). fairseq's flattened FP16Optimizer (one
+# fp32 tensor for all weights) needs CUDA: the schedule asks for --fp16-no-flatten-grads (tested).
+
+HALF = ["--fp16", "--memory-efficient-fp16", "--amp", "--bf16", "--memory-efficient-bf16"]
+LOSS_SCALED = ("--fp16", "--memory-efficient-fp16", "--amp")
+
+
+@pytest.fixture(scope="module")
+def toy_bin(tmp_path_factory):
+    from fairseq_posenc import pipeline, toy_data
+
+    root = tmp_path_factory.mktemp("half_floater")
+    prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 10), "valid": (10, 3, 10)})
+    return pipeline.preprocess(prefixes, str(root / "bin"))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("precision", HALF)
+def test_floaters_flow_update_in_half_precision_is_the_float32_one(toy_bin, precision, monkeypatch):
+    """A cycle of N = 3 updates of 2 passes. Under loss scaling the second update overflows (an
+    infinite gradient injected into one decoder weight, the positions untouched): fairseq skips it
+    (fp16: the next batch is the same update, at half the loss scale; amp: retried at half the
+    scale), and its gradient must not reach the flow update. Between flow updates fairseq's
+    optimizer must hand Adam no gradient for h and the initial states (FP16Optimizer would hand it
+    zeros, and Adam's momentum would move them): they stay as they are and Adam keeps no state for
+    them. At the cycle's last update Adam gets, for each, the mean of the taken updates' gradients
+    on the solution, each normalised by its sample size and divided by its own loss scale,
+    backpropagated through one solve: compared with that computed in float64 from the recorded
+    gradients of the passes. Tolerances: float32 roundings of the solve's backward (12 positions at
+    most of 5 rk4 steps of 4 evaluations, each a sum over the width of 32) and of the cycle's sums,
+    and where the optimizer holds half-precision gradients (memory-efficient) two roundings to that
+    format (half a unit in the last place each: 2**-11 fp16, 2**-8 bf16, relative) and, fp16 only,
+    its subnormal spacing 2**-24 (the gradient is unscaled in fp16)."""
+    from floater_trainer import Recorder, batches, build_trainer, config
+
+    every, passes = 3, 2
+    trainer = build_trainer(config(toy_bin, "--floater-solve-every", str(every), *precision.split()))
+    optimizer = trainer.optimizer
+    if precision == "--amp":
+        assert not optimizer.scaler.is_enabled()  # no CUDA: fairseq's scaler does nothing here
+        optimizer._grad_scaler = torch.amp.GradScaler("cpu", init_scale=128.0)
+    recorder = Recorder(trainer, monkeypatch)
+    updates = iter(batches(trainer, passes))
+    victim = trainer.get_model().decoder.layers[0].fc2.weight
+    steps = []
+    while trainer.get_num_updates() < every:
+        overflow = precision in LOSS_SCALED and len(steps) == 1
+        steps.append(recorder.step(next(updates), overflow_in=victim if overflow else None))
+    if precision in LOSS_SCALED:
+        first, second = steps[1]["attempts"][0]["loss_scale"], steps[-1]["attempts"][-1]["loss_scale"]
+        assert second == first / 2  # the overflow was seen, and the scale lowered
+        assert (not steps[1]["taken"]) if precision != "--amp" else len(steps[1]["attempts"]) == 2
+    for step in steps[:-1]:
+        assert step["handed"] is None or all(g is None for g in step["handed"]), "a gradient between flow updates"
+        assert step["handed"] is None or not any(step["adam_state"]), "Adam's state for the flow model"
+        assert not any(step["moved"]), "the flow model moved between flow updates"
+    flow = steps[-1]
+    assert flow["taken"] and all(flow["moved"]) and all(g is not None for g in flow["handed"])
+    expected, mean = recorder.expected_flow_gradient(steps)
+    final_scale = flow["attempts"][-1]["loss_scale"]
+    for name, got, want in zip(FLOW, flow["handed"], expected):
+        if precision == "--amp":
+            # fairseq's AMPOptimizer unscales the torch optimizer's gradients at clipping and its own
+            # wrapper's at the step: torch's GradScaler counts the two as different optimizers and
+            # divides every gradient twice (all parameters alike; Adam hardly feels a common scale)
+            got = got * final_scale
+        terms = mean.size(0) * 5 * 4 * 32 + every * passes + 4
+        tolerance = float32_tolerance(terms, magnitude(want), sides=1) + torch.zeros_like(want)
+        if precision.startswith("--memory-efficient"):
+            fmt = torch.float16 if "fp16" in precision else torch.bfloat16
+            tolerance = tolerance + 2 * torch.finfo(fmt).eps / 2 * want.abs() + (2 ** -24 if fmt == torch.float16 else 0)
+        difference = (got.double() - want).abs()
+        assert (difference <= tolerance).all(), (name, difference.max().item(), tolerance.max().item())
+        assert want.abs().max() > 10 * tolerance.max(), name  # the bound is far below the gradient compared
+
+
+def test_floaters_schedule_asks_for_unflattened_fp16_gradients(toy_bin):
+    """fairseq's default --fp16 optimizer keeps one flat fp32 tensor with one gradient for all
+    weights (and needs CUDA): h's part would be zeros between flow updates and Adam would move it.
+    The schedule sets --fp16-no-flatten-grads before the optimizer is built, and says so."""
+    from floater_trainer import build_trainer, config
+
+    cfg = config(toy_bin, "--floater-solve-every", "2", "--fp16")
+    assert not cfg.common.fp16_no_flatten_grads
+    trainer = build_trainer(cfg)
+    assert cfg.common.fp16_no_flatten_grads and not trainer.optimizer.has_flat_params

@@ -15,8 +15,8 @@ The stack calls ``begin_forward`` once per forward (each decoding step is a forw
 the scheme to every attention layer; the layers call the hooks with their index and an
 :class:`AttentionPositions`. Tables that do not depend on the input are built once per forward
 for all layers that share them (``shared``), and kept across forwards while no gradient is
-recorded and the parameters have not changed (``table``; :mod:`.kept` says how "not changed" is
-decided), which is what decoding needs.
+recorded and neither the parameters nor the module's settings, device or dtype have changed
+(``table``; :mod:`.kept` says how that is decided), which is what decoding needs.
 """
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, Optional, Tuple
@@ -27,7 +27,7 @@ from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
 from ..compat import PosencError
-from .kept import KeptFrom
+from .kept import ForgetsKeptOnCopy, KeptFrom, kept_key
 
 #: positions a table covers at least when it is kept for decoding
 MIN_TABLE = 64
@@ -98,7 +98,7 @@ def gather_square(table: Tensor, pos: AttentionPositions) -> Tensor:
     return table[:, pos.q[:, :, None], pos.k[:, None, :]].transpose(0, 1)
 
 
-class PositionEncoding(nn.Module):
+class PositionEncoding(ForgetsKeptOnCopy, nn.Module):
     #: fairseq input embedding added to the token embeddings: "sinusoidal", "learned" or None
     input_embedding: Optional[str] = None
     #: False where the scheme has a table fixed in size when the model is built: inputs longer
@@ -123,12 +123,9 @@ class PositionEncoding(nn.Module):
         self.head_dim = head_dim
         self.max_positions = getattr(cfg, "max_source_positions" if side == "encoder" else "max_target_positions", None)
         self.length_flag = "--max-source-positions" if side == "encoder" else "--max-target-positions"
-        self._forward_cache: Dict[Hashable, Tensor] = {}
-        # name -> (table, positions it covers), computed from the tensors ``_kept_from`` remembers
-        self._tables: Dict[Hashable, Tuple[Tensor, int]] = {}
-        self._kept_from = KeptFrom()
-        self._tables_checked = False
-        self._continues = False
+        self._forget_kept()
+        # where the module lives, for the key of its kept tables (a scheme may have no parameters)
+        self.register_buffer("_placement", torch.zeros(()), persistent=False)
         blocks = getattr(cfg, "position_blocks", None)
         if blocks is not None and blocks not in POSITION_BLOCKS:
             raise PosencError(f"--position-blocks must be one of {', '.join(POSITION_BLOCKS)}, got {blocks!r}")
@@ -189,20 +186,33 @@ class PositionEncoding(nn.Module):
         return x
 
     # caching
+    def _forget_kept(self):
+        self._forward_cache: Dict[Hashable, Tensor] = {}
+        # name -> (table, positions it covers), computed from the tensors ``_kept_from`` remembers
+        self._tables: Dict[Hashable, Tuple[Tensor, int]] = {}
+        self._kept_from = KeptFrom()
+        self._tables_checked = False
+        self._continues = False
+
+    def kept_key(self):
+        """What the kept tables were built for besides the parameters: this module's settings, its
+        device and dtype (:func:`.kept.kept_key`)."""
+        return kept_key(self, self._placement.device, self._placement.dtype)
+
     def _table_inputs(self):
         """What kept tables are computed from: the parameters, and the buffers that say where
         the module lives (ALiBi's slopes)."""
         return list(self.parameters()) + list(self.buffers())
 
     def _check_kept_tables(self):
-        """Drop the kept tables if the parameters changed since they were built: once per
-        forward (parameters do not change within one)."""
+        """Drop the kept tables if the parameters or the key changed since they were built: once
+        per forward (neither changes within one)."""
         if self._tables_checked:
             return
-        inputs = self._table_inputs()
-        if not self._kept_from.still_current(inputs, contents=not self._continues):
+        key, inputs = self.kept_key(), self._table_inputs()
+        if not self._kept_from.still_current(key, inputs, contents=not self._continues):
             self._tables.clear()
-            self._kept_from.remember(inputs)
+            self._kept_from.remember(key, inputs)
         self._tables_checked = True
 
     def shared(self, key: Hashable, compute: Callable[[], Tensor]) -> Tensor:

@@ -14,12 +14,14 @@ residual stream keeps the sinusoidal input embedding, as at every block in the d
 Cost: the biases do not depend on the input, so one solve covers every block and every sentence
 of a forward, for the longest length needed; a longer length extends the solution from where it
 ended rather than solving again from 0. Without gradients the solution is kept, stored in the
-checkpoint (``solution``), and reused while the parameters are those it was solved with (decided
-as for every kept table, :mod:`.kept`; the checkpoint also stores a ``fingerprint`` of them, so
-that a loaded solution is trusted only for the parameters loaded with it).
+checkpoint (``solution``), and reused while the parameters and the ODE's settings (dt, step,
+solver, --floater-lr-scale, --rnn-dt, ...), device and dtype are those it was solved with (decided
+as for every kept table, :mod:`.kept`; the checkpoint also stores a ``fingerprint`` of them all, so
+that a loaded solution is trusted only for the parameters and settings loaded with it).
 """
+import hashlib
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -28,7 +30,7 @@ from torch import Tensor
 from ..compat import PosencError
 from . import floater_schedule
 from .base import MIN_TABLE, PositionBlocksConfig, PositionEncoding, at_least_float32
-from .kept import KeptFrom
+from .kept import ForgetsKeptOnCopy, KeptFrom, kept_key, saving
 
 FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
@@ -66,14 +68,18 @@ class FloaterConfig(PositionBlocksConfig):
         metadata={"help": "floater: update the flow model (h and the initial states) every N updates (Sec. 4.4); "
                   "in between, training reads the solution kept since its last update and the gradient on it "
                   "accumulates, to be backpropagated through one solve at every N-th update, in which h and the "
-                  "initial states get the sum; in the other updates their gradient is None (Adam skips them). "
-                  "1: a solve with autograd every update. See docs/floater.md"},
+                  "initial states get the mean of the N updates' gradients; in the other updates their gradient "
+                  "is None (Adam skips them). Runs under --fp16/--bf16/--amp and with several workers. 1: a solve "
+                  "with autograd every update. See docs/floater.md"},
     )
-    floater_lr_scale: float = field(
-        default=1.0,
-        metadata={"help": "floater: h's weights W are stored as V with W = C V, so that Adam moves W about C "
-                  "times as far per step (a learning rate C times the rest's; weight decay is not scaled); the "
-                  "initial states keep the base learning rate"},
+    floater_lr_scale: Optional[float] = field(
+        default=None,
+        metadata={"help": "floater: h's weights and the initial states W are stored as V with W = C V, so that "
+                  "Adam moves them about C times as far per step (a learning rate C times the rest's; weight "
+                  "decay is not scaled). Default: C = N of --floater-solve-every (1 when solving every update), "
+                  "which gives the flow model, stepped once per N updates, the reach of N steps (on the demo, "
+                  "N = 10 with C = 10 trained as N = 1 did, with C = 1 it did not: docs/floater.md). C is saved "
+                  "with the weights: loaded under another C they are rescaled to compute the same"},
     )
 
 
@@ -101,17 +107,28 @@ class Dynamics(nn.Module):
                 for p in self.parameters():
                     p.div_(lr_scale)
 
-    def float32(self) -> "Float32Field":
-        """h with its weights in float32, cast once per solve (no copy when they already are)."""
-        dtype = at_least_float32(self.fc1.weight.dtype)
-        weights = tuple(w.to(dtype) for w in (self.fc1.weight.t(), self.fc1.bias, self.time1,
-                                              self.fc2.weight.t(), self.fc2.bias, self.time2))
+    def float32(self, stored: Optional[List[Tensor]] = None) -> "Float32Field":
+        """h with its weights in float32, cast once per solve (no copy when they already are).
+        ``stored``: other tensors in place of fc1.weight, fc1.bias, time1, fc2.weight, fc2.bias,
+        time2 (FLOATER's flow update differentiates float32 copies of them)."""
+        fc1, b1, time1, fc2, b2, time2 = stored if stored is not None else (
+            self.fc1.weight, self.fc1.bias, self.time1, self.fc2.weight, self.fc2.bias, self.time2)
+        dtype = at_least_float32(fc1.dtype)
+        weights = tuple(w.to(dtype) for w in (fc1.t(), b1, time1, fc2.t(), b2, time2))
         if self.lr_scale != 1:
             weights = tuple(w * self.lr_scale for w in weights)
         return Float32Field(weights)
 
     def forward(self, t: Tensor, p: Tensor) -> Tensor:
         return self.float32()(t, p)
+
+    def get_extra_state(self):
+        """C, saved with the weights (a float64 tensor: ``model.half()`` would round a buffer); a
+        state dict of another C is rescaled on load (:func:`.floater_schedule.rescale_on_load`)."""
+        return torch.tensor(self.lr_scale, dtype=torch.float64)
+
+    def set_extra_state(self, state):
+        """Nothing: the ODE's load pre-hook has already read and applied it."""
 
 
 class Float32Field:
@@ -178,11 +195,16 @@ class _AddToGradient(torch.autograd.Function):
         return grad + extra, None
 
 
-class FloaterODE(nn.Module):
+class FloaterODE(ForgetsKeptOnCopy, nn.Module):
     """All blocks' position biases: ``positions(n)`` -> (>= n, states, dim)."""
 
+    #: state, not settings: left out of the kept solution's key (:func:`.kept.configuration`)
+    running_state = ("solved_length",)
+    #: state-dict entries that are kept results, not parameters (:func:`.kept.kept_result_keys`)
+    kept_results = ("solution", "fingerprint", floater_schedule.PENDING)
+
     def __init__(self, num_states: int, dim: int, hidden: int, dt: float, solver: str,
-                 step: Optional[float], adjoint: bool, solve_every: int = 1, lr_scale: float = 1.0):
+                 step: Optional[float], adjoint: bool, solve_every: int = 1, lr_scale: Optional[float] = None):
         super().__init__()
         if solver not in FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS:
             raise ValueError(f"--floater-solver {solver!r} is not a torchdiffeq method; choose one of "
@@ -191,14 +213,19 @@ class FloaterODE(nn.Module):
             raise ValueError("--floater-dt and --floater-step must be positive")
         self.dt, self.solver, self.adjoint = dt, solver, adjoint
         self.step = step if step is not None else dt / 5
+        lr_scale = floater_schedule.lr_scale(solve_every, lr_scale)
         floater_schedule.check(solve_every, lr_scale)
         self.dynamics = Dynamics(dim, hidden, lr_scale)
+        # --floater-lr-scale C covers the initial states too: stored as p(0) / C (initial_state)
+        self.lr_scale = lr_scale
         self.initial = nn.Parameter(torch.empty(num_states, dim))
-        nn.init.normal_(self.initial, std=0.02)
+        nn.init.normal_(self.initial, std=0.02 / lr_scale)
+        self.register_load_state_dict_pre_hook(
+            lambda module, state_dict, prefix, *args: floater_schedule.rescale_on_load(module, state_dict, prefix))
         # The solution for the current parameters, kept in the checkpoint, and a fingerprint of
         # the parameters it was solved with.
         self.register_buffer("solution", torch.zeros(0, num_states, dim))
-        self.register_buffer("fingerprint", torch.zeros(2, dtype=torch.float64))
+        self.register_buffer("fingerprint", torch.zeros(4, dtype=torch.int64))
         self.solved_length = 0
         self._solved_from = KeptFrom()
         self._generation = 0
@@ -253,13 +280,27 @@ class FloaterODE(nn.Module):
         return self.schedule is not None
 
     def check_trainer(self, trainer):
-        floater_schedule.refuse_unsupported(trainer)
-
-    def finish_update(self, scale):
-        """fairseq's trainer scaled the update's gradients by ``scale`` and has not yet clipped
-        them or stepped (:mod:`fairseq_posenc.update_hooks`)."""
+        """fairseq's trainer is built: refuse what --floater-solve-every cannot run under and set
+        fairseq up for it, before the first update (:mod:`fairseq_posenc.update_hooks`)."""
         if self.schedule is not None:
-            self.schedule.finish_update(self, scale)
+            floater_schedule.configure_trainer(self, trainer)
+
+    def finish_update(self, scale, trainer=None):
+        """fairseq's trainer scaled the update's gradients by ``scale`` and has not yet clipped
+        them or stepped (:mod:`fairseq_posenc.update_hooks`); ``trainer`` None: a loop of one's own."""
+        if self.schedule is not None:
+            self.schedule.finish_update(self, scale, trainer)
+
+    def end_update(self, applied: bool):
+        """fairseq's trainer ended the update: ``applied``, or skipped (a loss-scale overflow)."""
+        if self.schedule is not None:
+            self.schedule.end_update(applied)
+
+    def initial_state(self, stored: Optional[Tensor] = None) -> Tensor:
+        """p(0) of every block: the initial states are stored as p(0) / C (--floater-lr-scale);
+        ``stored`` in place of the parameter (the flow update's float32 copy)."""
+        stored = self.initial if stored is None else stored
+        return stored if self.lr_scale == 1 else stored.to(at_least_float32(stored.dtype)) * self.lr_scale
 
     def positions(self, length: int, continues: bool = False) -> Tensor:
         """The solution over at least ``length`` positions. ``continues``: a later step of a
@@ -281,7 +322,7 @@ class FloaterODE(nn.Module):
             return solution
         with torch.no_grad():
             if not self._solution_is_current(contents=not continues):
-                self._set_solution(self._solve(self.initial, 0, max(length, MIN_TABLE)))
+                self._set_solution(self._solve(self.initial_state(), 0, max(length, MIN_TABLE)))
             elif self.solution.size(0) < length:
                 start = self.solution.size(0) - 1
                 more = self._solve(self.solution[-1], start, max(length, 2 * self.solution.size(0)))
@@ -291,12 +332,12 @@ class FloaterODE(nn.Module):
     def _extend(self, solution: Optional[Tensor], length: int) -> Tensor:
         """``solution`` (with its autograd history) covering at least ``length`` positions."""
         if solution is None:
-            return self._solve(self.initial, 0, length)
+            return self._solve(self.initial_state(), 0, length)
         if solution.size(0) < length:
             return torch.cat([solution, self._solve(solution[-1], solution.size(0) - 1, length)[1:]])
         return solution
 
-    def _solve(self, y0: Tensor, start: int, end: int) -> Tensor:
+    def _solve(self, y0: Tensor, start: int, end: int, field: Optional["Float32Field"] = None) -> Tensor:
         """p at positions start .. end - 1 from p(start * dt) = y0: (end - start, states, dim),
         in float32 whatever the parameters' dtype (the attention casts what it uses)."""
         from torchdiffeq import odeint, odeint_adjoint
@@ -308,7 +349,7 @@ class FloaterODE(nn.Module):
             return y0[None]
         times = torch.arange(start, end, device=y0.device, dtype=torch.float32) * self.dt
         options = {"step_size": self.step} if self.solver in FIXED_STEP_SOLVERS else None
-        field = self.dynamics.float32()
+        field = self.dynamics.float32() if field is None else field
         if self.solver == "rk4" and not (self.adjoint and torch.is_grad_enabled()):
             # torchdiffeq's rk4 op for op, with a hand-written backward (floater_solver.py)
             return rk4(field.weights, y0, times, self.step)
@@ -318,19 +359,43 @@ class FloaterODE(nn.Module):
                                   adjoint_params=tuple(w for w in field.weights if w.requires_grad))
         return odeint(field, y0, times, method=self.solver, options=options)
 
+    def _forget_kept(self):
+        self._solved_from = KeptFrom()
+        self._graph = None
+        self._update = None
+
+    def _kept_key(self):
+        """The solution's key besides the parameters: the ODE's settings (dt, step, solver, h's
+        --floater-lr-scale, the RNN's --rnn-dt, ...), its device and the dtype it is solved in."""
+        return kept_key(self, self.initial.device, at_least_float32(self.initial.dtype))
+
+    def _inputs(self) -> List[Tuple[str, Tensor]]:
+        """(name, tensor) of what the solution is solved from: every parameter and buffer but the
+        kept results."""
+        return [(name, t) for name, t in (*self.named_parameters(), *self.named_buffers())
+                if name not in self.kept_results]
+
     def _fingerprint(self) -> Tensor:
-        values = [p.detach().double() for p in self.parameters()]
-        return torch.stack([sum(v.sum() for v in values), sum((v * v).sum() for v in values)]).cpu()
+        """A SHA-256 digest of the key (the device by its type) and of every tensor the solution is
+        solved from (name, dtype, shape, bytes), as 4 int64: an integer buffer, which
+        ``model.half()`` leaves as it is."""
+        config, device, dtype = self._kept_key()
+        digest = hashlib.sha256(repr((config, device.type, str(dtype))).encode())
+        for name, t in self._inputs():
+            digest.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
+            digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return torch.frombuffer(bytearray(digest.digest()), dtype=torch.int64).clone()
 
     def _solution_is_current(self, contents: bool = True) -> bool:
         if self.solution.size(0) == 0:
             return False
-        if self._solved_from.still_current(self.parameters(), contents):
+        key, inputs = self._kept_key(), [t for _, t in self._inputs()]
+        if self._solved_from.still_current(key, inputs, contents):
             return True
-        # a solution loaded from a checkpoint: its fingerprint tells whether the parameters
-        # loaded with it are those it was solved with
+        # a solution loaded from a checkpoint (or copied with the module): its fingerprint tells
+        # whether the parameters and settings it comes with are those it was solved with
         if self._solved_from.empty and torch.equal(self._fingerprint(), self.fingerprint.cpu()):
-            self._solved_from.remember(self.parameters())
+            self._solved_from.remember(key, inputs)
             return True
         return False
 
@@ -338,21 +403,29 @@ class FloaterODE(nn.Module):
         # kept in float32 even in a half-precision model (a longer input extends it)
         self.solution = solution.detach()
         self.fingerprint = self._fingerprint().to(self.fingerprint.device)
-        self._solved_from.remember(self.parameters())
+        self._solved_from.remember(self._kept_key(), [t for _, t in self._inputs()])
 
     def _refresh_for_saving(self):
         """A checkpoint stores the solution of its own parameters, for the longest length
         trained on, so that decoding from it needs no ODE solve."""
+        if not saving():  # a state dict read for its parameters (fairseq's EMA, every update)
+            return
         length = max(self.solved_length, self.solution.size(0))
         if length > 0 and not self._solution_is_current():
             with torch.no_grad():
-                self._set_solution(self._solve(self.initial, 0, max(length, MIN_TABLE)))
+                self._set_solution(self._solve(self.initial_state(), 0, max(length, MIN_TABLE)))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         stored = state_dict.get(prefix + "solution")
         if stored is not None:  # its length is whatever the saver had solved
             self.solution = torch.zeros(stored.shape, dtype=at_least_float32(stored.dtype), device=self.solution.device)
             self._solved_from.forget()
+        fingerprint = state_dict.get(prefix + "fingerprint")
+        if fingerprint is not None and (fingerprint.shape, fingerprint.dtype) != (self.fingerprint.shape,
+                                                                               self.fingerprint.dtype):
+            # written before the fingerprint held the settings (2 float64 sums): it matches nothing,
+            # and the stored solution is solved again before it is used
+            state_dict[prefix + "fingerprint"] = torch.zeros_like(self.fingerprint)
         # a cycle's pending gradient (--floater-solve-every); dropped by a model without the schedule
         pending = state_dict.pop(prefix + floater_schedule.PENDING, None)
         if self.schedule is not None:
@@ -384,7 +457,7 @@ class FloaterPositionEncoding(PositionEncoding):
             states = 3 * (self.encoder_blocks + self.decoder_blocks) + 2 * self.decoder_blocks * self.cross_attention
             self.ode = FloaterODE(states, self.width, cfg.floater_hidden or self.width, cfg.floater_dt,
                                   cfg.floater_solver, cfg.floater_step, cfg.floater_adjoint,
-                                  getattr(cfg, "floater_solve_every", 1), getattr(cfg, "floater_lr_scale", 1.0))
+                                  getattr(cfg, "floater_solve_every", 1), getattr(cfg, "floater_lr_scale", None))
 
     @classmethod
     def finish_model(cls, model, args):

@@ -4,7 +4,7 @@ import torch
 from torch import Tensor
 
 from ..compat import PosencError
-from .base import PositionEncoding
+from .base import PositionEncoding, at_least_float32
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -13,11 +13,11 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rope_angles(positions: Tensor, dim: int, theta: float = 10000.0) -> Tensor:
+def rope_angles(positions: Tensor, dim: int, theta: float = 10000.0, dtype: torch.dtype = torch.float32) -> Tensor:
     """Angles (len(positions), dim): position * theta^(-2i/dim), the halves repeated so that
     ``x * cos + rotate_half(x) * sin`` rotates the pairs (x_i, x_{i + dim/2})."""
-    inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
-    angles = positions.float()[:, None] * inv_freq[None, :]
+    inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=dtype, device=positions.device) / dim)
+    angles = positions.to(dtype)[:, None] * inv_freq[None, :]
     return torch.cat((angles, angles), dim=-1)
 
 
@@ -46,17 +46,20 @@ class RotaryPositionEncoding(PositionEncoding):
         if role != "self":
             return q, k, v
 
+        # float32, or the model's dtype if wider (a float64 model rotates in float64)
+        dtype = at_least_float32(q.dtype)
+
         def rows():
-            # (2, n, D) cos and sin, in float32 whatever the model's dtype
+            # (2, n, D) cos and sin
             table = self.table("rope", pos.k_frame.numel(), lambda n: torch.stack(_cos_sin(
-                rope_angles(torch.arange(n, device=q.device), self.head_dim, self.theta))))
+                rope_angles(torch.arange(n, device=q.device), self.head_dim, self.theta, dtype))))
             # the new tokens are the queries: (B or 1, T, D) -> (B or 1, 1, T, D)
             return table[:, pos.q].unsqueeze(2)
 
         cos, sin = self.shared(("rope", pos.padded) + pos.key, rows).unbind(0)
 
         def rotate(x):
-            x32 = x.float()
+            x32 = x.to(dtype)
             return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
 
         return rotate(q), rotate(k), v
