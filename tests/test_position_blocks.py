@@ -301,6 +301,7 @@ def test_the_wmt14_recipes_keep_each_form_its_own_run(corpus, tmp_path):
     """POSITION_BLOCKS: the encoding's own default is the run without it; the other form has its
     own default OUT, and fairseq-train gets --position-blocks (so the stage's recorded fairseq
     configuration, which keys reuse, differs too: tests/test_train_config.py)."""
+    data_bin = corpus[1]
     show = f'. {RECIPES}/common.sh; RECIPE=wmt14_en_de; set_training_defaults; echo "OUT=$OUT"; echo "$POSITION_BLOCK_FLAGS"'
     seen = {}
     for enc, blocks in (("sinusoidal", ""), ("sinusoidal", "input"), ("sinusoidal", "all"), ("learned", "all"),

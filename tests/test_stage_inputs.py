@@ -160,48 +160,34 @@ def test_a_stage_whose_checkpoints_finished_it_is_finished_whatever_the_exit_cod
     assert _calls(log) == [("vanilla", 0, 3), ("vanilla", 3, 6), ("floater", 0, 4)]
 
 
-def test_floater_variants_share_one_vanilla_stage(tmp_path):
-    """Table 2's input-block row after the every-block row (another OUT, the same vanilla
-    configuration): the vanilla stage is trained once, in one directory keyed by its configuration,
-    and the dry run names that directory for both rows."""
+def test_floater_variants_share_one_vanilla_stage_trained_once_when_started_together(tmp_path):
+    """Table 2's every-block and input-block rows (other OUTs, the same vanilla configuration): the
+    dry run names one vanilla directory, keyed by that configuration, for both; launched at the
+    same time, one trains it, the other waits on its lock and then finds it finished."""
     data_bin = _corpus(str(tmp_path / "corpus"), seed=1)
     log = str(tmp_path / "calls.jsonl")
-    rows = {"all": {}, "input": {"POSITION_BLOCKS": "input"}}
-    dry = {name: _run(str(tmp_path / "runs" / name), data_bin, log, DRY_RUN="1", **env) for name, env in rows.items()}
+    rows = (("all", {}), ("input", {"POSITION_BLOCKS": "input"}))
     shared = set()
-    for proc in dry.values():
+    for name, env in rows:
+        proc = _run(str(tmp_path / "runs" / name), data_bin, log, DRY_RUN="1", **env)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         (line,) = [x for x in proc.stdout.splitlines() if x.startswith("== 1/3 vanilla stage: ")]
         shared.add(line.split()[4])
     assert len(shared) == 1 and os.path.basename(shared.pop()).startswith("vanilla-base-")
-    for name, env in rows.items():
-        proc = _run(str(tmp_path / "runs" / name), data_bin, log, **env)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert _calls(log) == [("vanilla", 0, 6), ("floater", 0, 4), ("floater", 0, 4)]
-    assert os.path.realpath(tmp_path / "runs" / "all" / "vanilla") == os.path.realpath(
-        tmp_path / "runs" / "input" / "vanilla")
-    # a setting of the vanilla stage changed: another vanilla directory, the first one untouched
-    proc = _run(str(tmp_path / "runs" / "other"), data_bin, log, WARMUP="4")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert _calls(log)[3:] == [("vanilla", 0, 6), ("floater", 0, 4)]
-    assert len(os.listdir(tmp_path / "runs" / "shared")) == 2
-
-
-def test_variants_started_together_train_their_shared_vanilla_stage_once(tmp_path):
-    """Two FLOATER variants launched at the same time: one trains the shared vanilla stage, the
-    other waits on its lock and then finds it finished."""
-    data_bin = _corpus(str(tmp_path / "corpus"), seed=1)
-    log = str(tmp_path / "calls.jsonl")
     path = f"{STUBS}:{os.path.join(REPO, '.venv', 'bin')}:{os.environ['PATH']}"
     procs = [subprocess.Popen(["bash", FLOATER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, **BASE, **env, "DATA_BIN": data_bin, "STUB_LOG": log, "PATH": path,
                                    "OUT": str(tmp_path / "runs" / name), "STUB_SECONDS_PER_UPDATE": "2"})
-             for name, env in (("all", {}), ("input", {"POSITION_BLOCKS": "input"}))]
+             for name, env in rows]
     outputs = [p.communicate(timeout=900) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert sorted(_calls(log)) == [("floater", 0, 4), ("floater", 0, 4), ("vanilla", 0, 6)]
     assert sum("another run is training" in out for out, _ in outputs) == 1
     assert sum(": skip finished at update 6" in out for out, _ in outputs) == 1
+    assert os.path.realpath(tmp_path / "runs" / "all" / "vanilla") == os.path.realpath(
+        tmp_path / "runs" / "input" / "vanilla")
+    assert [d for d in os.listdir(tmp_path / "runs" / "shared") if not d.endswith(".lock")] == [
+        os.path.basename(os.path.realpath(tmp_path / "runs" / "all" / "vanilla"))]
 
 
 def test_a_refused_rerun_leaves_the_label_of_the_run_that_trained(finished, tmp_path):
