@@ -66,3 +66,15 @@ def test_another_node_waits_for_the_first_nodes_last_save_before_it_fails(tmp_pa
     assert not stages.read_json(os.path.join(save_dir, stages.RECORD))["finished"]  # the first node records it
     assert stages.stage_end(save_dir, 134, first=True).startswith("WARNING")
     assert stages.read_json(os.path.join(save_dir, stages.RECORD))["finished"]
+
+
+def test_a_record_of_an_older_recipe_is_refused_until_adopted(tmp_path):
+    """A stage.json without the resolved configuration (written before it was recorded): refused,
+    saying how to adopt it; ADOPT_RUN=1 takes the configuration asked now."""
+    save_dir = str(tmp_path / "stage")
+    os.makedirs(save_dir)
+    _finished_checkpoints(save_dir, 6)
+    stages.write_json(os.path.join(save_dir, stages.RECORD), {"settings": {}, "finished": True, "stamp": "x"})
+    with pytest.raises(stages.Refusal, match="the record holds no fairseq configuration .* or ADOPT_RUN=1"):
+        stages.decide(save_dir, {}, CONFIG)
+    assert stages.decide(save_dir, {}, CONFIG, adopt=True) == ("skip", "finished at update 6 (update 6)")

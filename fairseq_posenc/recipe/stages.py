@@ -138,8 +138,10 @@ def decide(save_dir: str, settings: Dict[str, str], config: Dict[str, Any], afte
         why = "; ".join(changed)
         if on_change == "restart":
             return "restart", f"another configuration ({why})"
+        adopt_hint = ", or ADOPT_RUN=1 to declare that they were trained with it" if "config" not in record else ""
         raise Refusal(f"{save_dir} holds checkpoints of another configuration: {why}. fairseq-train would resume "
-                      "them: use another OUT, delete its checkpoints to start over, or set STAGE_ON_CHANGE=restart")
+                      f"them: use another OUT, delete its checkpoints to start over, or set STAGE_ON_CHANGE=restart"
+                      f"{adopt_hint}")
     if upstream and record.get("after") != upstream.get("stamp"):
         return "restart", f"{after_dir} was trained again since this stage started from it"
     if preflight:
@@ -196,8 +198,9 @@ def act(save_dir: str, decision: str, settings: Dict[str, str], config: Dict[str
 
 
 #: how much earlier than a waiting node's start a decision may have been taken and still be this
-#: launch's (the nodes of one launch start within seconds; their clocks differ by less than this)
-CLOCK_SLACK = 120.0
+#: launch's: torchrun's nodes are started by hand, one after the other, and their clocks differ; a
+#: LAUNCH_ID reused sooner than this after a preemption is caught by the first node's refusal only
+CLOCK_SLACK = 900.0
 
 
 def wait_for_decision(save_dir: str, launch: str, timeout: float, poll: float = 2.0,
