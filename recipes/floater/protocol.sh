@@ -52,7 +52,10 @@ train_warm_started() {
   fi
   if [ "${DRY_RUN:-0}" = 1 ]; then echo "== --dry-run: nothing trained"; return 0; fi
   mkdir -p "$OUT" "$vanilla"
-  [ "$vanilla" = "$OUT/vanilla" ] || ln -sfn "$(cd "$vanilla" && pwd)" "$OUT/vanilla"
+  # the first node links it (on a shared filesystem the nodes' ln would race); the others use the path
+  if [ "${FIRST_NODE:-1}" = 1 ] && [ "$vanilla" != "$OUT/vanilla" ]; then
+    ln -sfn "$(cd "$vanilla" && pwd)" "$OUT/vanilla"
+  fi
 
   # the stages that start from it, checked first: a refusal comes before the vanilla stage trains
   # shellcheck disable=SC2206
