@@ -237,11 +237,7 @@ def main(argv: Optional[List[str]] = None):
                 stages.act(args.save_dir, decision, settings, config, args.after_dir, args.launch)
             print(f"{decision} {reason}")
             return
-    except ValueError as e:
-        parser.exit(2, f"steps.py: error: {e}\n")
-    except Exception as e:
-        if type(e).__name__ != "Refusal":
-            raise
+    except ValueError as e:  # stages.Refusal included
         parser.exit(2, f"steps.py: error: {e}\n")
     if not (args.dir and args.name):
         parser.error(f"{args.command} needs --dir and --name")

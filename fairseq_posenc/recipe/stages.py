@@ -28,8 +28,9 @@ except ImportError:  # loaded on its own by scripts/steps.py: deciding needs fai
 RECORD = "stage.json"
 
 
-class Refusal(Exception):
-    """A stage that must not run as asked: the message is the one line the user sees."""
+class Refusal(ValueError):
+    """A stage that must not run as asked: the message is the one line the user sees (a ValueError,
+    as every other one-line error of scripts/steps.py)."""
 
 
 def read_json(path: str) -> Optional[dict]:
