@@ -5,3 +5,5 @@ compat.apply()
 update_hooks.install()
 
 from . import criterions, models  # noqa: E402,F401  (register with fairseq on import)
+
+models.config.load_checkpoints_as_saved()

@@ -1,4 +1,4 @@
-"""Tell modules when parameters are about to change: fairseq's updates, and every optimizer step.
+"""Tell modules when parameters are about to change: fairseq's updates.
 
 With ``--update-freq N`` fairseq's ``Trainer.train_step`` runs N forward/backward passes and then
 one optimizer step, but no module learns that the parameters stay fixed across those N passes.
@@ -18,39 +18,14 @@ loss-scale overflow). Such a module may define ``check_trainer(trainer)``, calle
 cannot run under, or to set fairseq up for it. A loop of one's own calls :func:`finish_update`
 before its optimizer step.
 
-Every optimizer step is also counted (:func:`optimizer_steps`), through torch's global step hook
-rather than the trainer: a bare ``optimizer.step()`` (a user's loop, a test) never passes through
-``train_step``, and fairseq's optimizers write parameters through ``p.data``, which leaves no
-trace on the parameters' version counters. Position tables kept for decoding use the count to
-know they are stale (:mod:`fairseq_posenc.positions.kept`).
+Optimizer steps are not counted: position tables kept for decoding compare the parameters' values
+at the first step of every decode (:mod:`fairseq_posenc.positions.kept`), and a count was read
+only in the middle of one, where fairseq's cached keys and values are of the first step's
+parameters anyway.
 """
 import functools
 
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
-
-_optimizer_steps = 0
-_step_hook = None
-
-
-def optimizer_steps() -> int:
-    """How many optimizer steps have run in this process, any optimizer."""
-    return _optimizer_steps
-
-
-def _count_step(optimizer, args, kwargs):
-    global _optimizer_steps
-    _optimizer_steps += 1
-
-
-def count_optimizer_steps():
-    """Register the global post-step hook; safe to call more than once. It fires for every
-    subclass of ``torch.optim.Optimizer``: fairseq's Adam, Adafactor, NAG and the optimizer inside
-    its fp16/bf16 wrappers are such subclasses (the wrappers copy the result into the half-precision
-    parameters after the inner step; a kept table is only rebuilt at the next forward, after that)."""
-    global _step_hook
-    if _step_hook is None:
-        _step_hook = register_optimizer_step_post_hook(_count_step)
 
 
 def announce_update(model: nn.Module, passes: int):
@@ -85,11 +60,9 @@ def _check_trainer(trainer):
 
 
 def install():
-    """Wrap ``fairseq.trainer.Trainer.__init__`` and ``train_step`` and count optimizer steps;
-    safe to call more than once."""
+    """Wrap ``fairseq.trainer.Trainer.__init__`` and ``train_step``; safe to call more than once."""
     from fairseq.trainer import Trainer
 
-    count_optimizer_steps()
     original = Trainer.train_step
     if getattr(original, "announces_updates", False):
         return

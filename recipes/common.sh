@@ -7,29 +7,88 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # what `make install` built, unless PATH already has it (where a caller put commands before it)
 case ":$PATH:" in *":$ROOT/.venv/bin:"*) ;; *) [ -d "$ROOT/.venv/bin" ] && export PATH="$ROOT/.venv/bin:$PATH" ;; esac
 PYTHON="${PYTHON:-python}"
-SCRIPTS="$ROOT/scripts"
+SCRIPTS="$ROOT/scripts"                 # what a person runs too
+RECIPE_PY="$ROOT/fairseq_posenc/recipe"  # the recipes' internals, run as files (no fairseq import unless needed)
 USER_DIR="$ROOT/fairseq_posenc"
 
 die() { echo "$(basename "$0"): $*" >&2; exit 2; }
 
 # step NAME DESCRIPTION CMD...: run CMD unless an earlier run finished it with the same inputs
-# ($WORK/.done/NAME, see scripts/steps.py). Each step declares what its outputs depend on:
-# STEP_SETTINGS="KEY=VALUE ..." (no spaces inside a value), STEP_INPUTS="NAME=PATH ..." (files or
-# directories it reads, by content), and the step before it (STEP_AFTER, default the previous step
-# called), whose redoing redoes it, so a change redoes everything after it. Each step writes its
-# outputs before its marker: an interrupted step is redone whole.
+# ($WORK/.done/NAME, see fairseq_posenc/recipe/steps.py). What a step's outputs depend on is
+# derived from the step itself (step_key): its command line, the source of every shell function it
+# runs, and the value of every variable those functions read. It declares only what the shell
+# cannot see: STEP_INPUTS="NAME=PATH ..." (files or directories it reads, by content),
+# STEP_SETTINGS="KEY=VALUE ..." (no spaces inside a value: what a program it runs does that its
+# command line does not say, such as the tokenizer's version) and the step before it (STEP_AFTER,
+# default the previous step called), whose redoing redoes it, so a change redoes everything after
+# it. Each step writes its outputs before its marker: an interrupted step is redone whole.
 LAST_STEP=""
+
+# variables a step may read without keying it, each with its reason: WORK (where the step writes
+# and its marker lives); PYTHON (which interpreter runs the programs, not what they do); bash's
+# own changing ones; WORKERS (parallelism: the same output); the step machinery's own (STEP_*,
+# LAST_STEP). A value
+# holding a "/" is a location, not a setting: what is read there is declared by content
+# (STEP_INPUTS, the archives' fingerprint) and what is written there lives under WORK.
+STEP_UNKEYED=" WORK PYTHON BASHPID BASH_COMMAND BASH_SUBSHELL EPOCHREALTIME EPOCHSECONDS LINENO OLDPWD PPID PWD RANDOM SECONDS SRANDOM WORKERS LAST_STEP "
+
+# step_key CMD...: KEY=VALUE lines keying a step by what runs: step.source, a hash of the command
+# line and of the source (declare -f) of every function it runs, those functions run in turn
+# included; and var.NAME=VALUE for every variable that source reads and does not set itself
+# (unset reads as empty)
+step_key() {
+  # (its locals are prefixed: a step's function may read a global of any other name)
+  local _sk_todo=("$@") _sk_seen=" " _sk_functions _sk_word _sk_f _sk_body _sk_source="$*" _sk_names=" " _sk_own=" "
+  local _sk_value
+  _sk_functions=" $(compgen -A function | tr '\n' ' ') "
+  while [ ${#_sk_todo[@]} -gt 0 ]; do
+    _sk_f=${_sk_todo[0]}; _sk_todo=("${_sk_todo[@]:1}")
+    case "$_sk_functions" in *" $_sk_f "*) ;; *) continue ;; esac
+    case "$_sk_seen" in *" $_sk_f "*) continue ;; esac
+    _sk_seen+="$_sk_f "
+    _sk_body="$(declare -f "$_sk_f")"
+    _sk_source+=$'\n'"$_sk_body"
+    for _sk_word in $(grep -oE '[A-Za-z_][A-Za-z0-9_]*' <<< "$_sk_body" | sort -u); do
+      case "$_sk_functions" in *" $_sk_word "*) _sk_todo+=("$_sk_word") ;; esac
+    done
+    for _sk_word in $(grep -oE '\$\{?[A-Za-z_][A-Za-z0-9_]*' <<< "$_sk_body" | tr -d '${' | sort -u); do
+      _sk_names+="$_sk_word "
+    done
+    # the functions' own variables (assigned, a loop's, declared local): whatever an earlier
+    # step left in them is no setting
+    # (here-documents are text, not assignments)
+    local _sk_code; _sk_code="$(awk 'end != "" { if ($0 == end) end = ""; next }
+      match($0, /<<-? *[\047"]?[A-Za-z_]+/) { end = substr($0, RSTART, RLENGTH); gsub(/[<\047" -]/, "", end) } 1' <<< "$_sk_body")"
+    for _sk_word in $( { grep -oE '(^|[^A-Za-z0-9_$])[A-Za-z_][A-Za-z0-9_]*\+?=' <<< "$_sk_code" | grep -oE '[A-Za-z_][A-Za-z0-9_]*'
+                         grep -oE '(for|read|mapfile) +(-[a-z]+ +)*[A-Za-z_][A-Za-z0-9_]*' <<< "$_sk_code" | awk '{print $NF}'
+                         grep -oE '(local|declare)( +-[a-zA-Z]+)*( +[A-Za-z_][A-Za-z0-9_]*(=[^ ;]*)?)+' <<< "$_sk_code" \
+                           | tr ' ' '\n' | grep -vE '^(local|declare|-.*)$' | cut -d= -f1; } | sort -u); do
+      _sk_own+="$_sk_word "
+    done
+  done
+  echo "step.source=$(printf '%s' "$_sk_source" | sha1sum | cut -c1-12)"
+  for _sk_word in $(tr ' ' '\n' <<< "$_sk_names" | sort -u); do
+    case "$STEP_UNKEYED$_sk_own" in *" $_sk_word "*) continue ;; esac
+    case "$_sk_word" in STEP_*|_sk_*) continue ;; esac
+    _sk_value="${!_sk_word-}"
+    case "$_sk_value" in */*) continue ;; esac
+    echo "var.$_sk_word=${_sk_value//$'\n'/ }"
+  done
+}
+
 step() {
+  # the key first, before this function's locals hide the globals of the same names
+  local STEP_DERIVED; mapfile -t STEP_DERIVED < <(step_key "${@:3}")
   local name=$1 desc=$2; shift 2
   local after="${STEP_AFTER-$LAST_STEP}" settings="${STEP_SETTINGS:-}" inputs="${STEP_INPUTS:-}" hint reason
   hint="${STEP_REDO_HINT:-delete $WORK/.done/$name to redo}"
   STEP_SETTINGS="" ; STEP_INPUTS="" ; STEP_REDO_HINT="" ; unset STEP_AFTER
   local declared=(--dir "$WORK/.done" --name "$name" --after "$after")
   # shellcheck disable=SC2206
-  declared+=(--settings $settings)
+  declared+=(--settings $settings "${STEP_DERIVED[@]}")
   # shellcheck disable=SC2206
   [ -n "$inputs" ] && declared+=(--input $inputs)
-  reason="$("$PYTHON" "$SCRIPTS/steps.py" check "${declared[@]}")" && {
+  reason="$("$PYTHON" "$RECIPE_PY/steps.py" check "${declared[@]}")" && {
     echo "== $desc: done before, skipping ($hint)"
     LAST_STEP=$name
     return 0
@@ -39,7 +98,7 @@ step() {
   if [ "$reason" = "not done yet" ]; then echo "== $desc"; else echo "== $desc: redoing ($reason)"; fi
   local start=$SECONDS
   "$@"
-  "$PYTHON" "$SCRIPTS/steps.py" done "${declared[@]}"
+  "$PYTHON" "$RECIPE_PY/steps.py" done "${declared[@]}"
   LAST_STEP=$name
   echo "   ($((SECONDS - start)) s)"
 }
@@ -74,7 +133,7 @@ parse_prepare_args() {
 # apply_segmentation IN OUT: the corpus's BPE (subword-nmt codes or sentencepiece model)
 apply_segmentation() {
   if [ "$BPE" = sentencepiece ]; then
-    "$PYTHON" "$SCRIPTS/text_tools.py" spm-encode --model "${BPE_DIR:-$WORK/bpe}/spm.model" < "$1" > "$2.tmp"
+    "$PYTHON" "$RECIPE_PY/text.py" spm-encode --model "${BPE_DIR:-$WORK/bpe}/spm.model" < "$1" > "$2.tmp"
   else
     subword-nmt apply-bpe -c "${BPE_DIR:-$WORK/bpe}/code" < "$1" > "$2.tmp"
   fi
@@ -88,12 +147,12 @@ _fetch() {
   [ "${VERIFY_CHECKSUMS:-1}" = 0 ] && verify=--no-verify
   [ -n "$RAW_DIR" ] && download=--no-download
   # shellcheck disable=SC2086
-  "$PYTHON" "$SCRIPTS/wmt_data.py" fetch --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
+  "$PYTHON" "$RECIPE_PY/wmt_data.py" fetch --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
     $download $verify ${MIRROR:+--mirror "$MIRROR"}
 }
 
 _extract() {
-  "$PYTHON" "$SCRIPTS/wmt_data.py" extract --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
+  "$PYTHON" "$RECIPE_PY/wmt_data.py" extract --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
     --out-dir "$WORK/raw"
 }
 
@@ -107,7 +166,7 @@ _tokenize() {
     for l in "$SRC" "$TGT"; do
       echo "   $split.$l: $(wc -l < "$WORK/raw/$split.$l") lines"
       # shellcheck disable=SC2046
-      "$PYTHON" "$SCRIPTS/text_tools.py" tokenize --lang "$l" --workers "$WORKERS" $([ $split = test ] && echo --test-set) \
+      "$PYTHON" "$RECIPE_PY/text.py" tokenize --lang "$l" --workers "$WORKERS" $([ $split = test ] && echo --test-set) \
         < "$WORK/raw/$split.$l" > "$WORK/tok/$split.$l.tmp"
       mv "$WORK/tok/$split.$l.tmp" "$WORK/tok/$split.$l"
     done
@@ -132,7 +191,7 @@ _split_valid() {
 _learn_bpe() {
   mkdir -p "$WORK/bpe"
   if [ "$BPE" = sentencepiece ]; then
-    "$PYTHON" "$SCRIPTS/text_tools.py" spm-train --input "$WORK/split/train.$SRC" "$WORK/split/train.$TGT" \
+    "$PYTHON" "$RECIPE_PY/text.py" spm-train --input "$WORK/split/train.$SRC" "$WORK/split/train.$TGT" \
       --model-prefix "$WORK/bpe/spm" --vocab-size "$BPE_SIZE"
   else
     subword-nmt learn-joint-bpe-and-vocab --input "$WORK/split/train.$SRC" "$WORK/split/train.$TGT" \
@@ -154,11 +213,11 @@ _apply_bpe() {
 # and the validation pairs of the split; the test set is kept whole. train.tok.* are the same
 # training pairs before BPE.
 _clean() {
-  "$PYTHON" "$SCRIPTS/text_tools.py" clean --src "$WORK/bpe/train.$SRC" --tgt "$WORK/bpe/train.$TGT" \
+  "$PYTHON" "$RECIPE_PY/text.py" clean --src "$WORK/bpe/train.$SRC" --tgt "$WORK/bpe/train.$TGT" \
     --out-src "$WORK/train.$SRC" --out-tgt "$WORK/train.$TGT" --ratio 1.5 --min-len 1 --max-len 250 \
     --also "$WORK/split/train.$SRC" "$WORK/split/train.$TGT" --also-out "$WORK/train.tok.$SRC" "$WORK/train.tok.$TGT"
   if [ "$VALID" = split ]; then
-    "$PYTHON" "$SCRIPTS/text_tools.py" clean --src "$WORK/bpe/valid.$SRC" --tgt "$WORK/bpe/valid.$TGT" \
+    "$PYTHON" "$RECIPE_PY/text.py" clean --src "$WORK/bpe/valid.$SRC" --tgt "$WORK/bpe/valid.$TGT" \
       --out-src "$WORK/valid.$SRC" --out-tgt "$WORK/valid.$TGT" --ratio 1.5 --min-len 1 --max-len 250
   fi
   for l in "$SRC" "$TGT"; do
@@ -213,19 +272,19 @@ prepare_corpus() {
   _fetch
   # free space, before hours of work (a corpus prepared before is rewritten in place); ALLOW_LOW_DISK=1 goes on
   local space=(--work "$WORK" --recipe "$RECIPE" $([ "${ALLOW_LOW_DISK:-0}" = 1 ] && echo --allow-low-disk))
-  [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$SCRIPTS/train_plan.py" prepare-space "${space[@]}" \
+  [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$RECIPE_PY/plan.py" prepare-space "${space[@]}" \
     --sources "$SOURCES" --archives-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" | sed 's/^/   /' || exit 2
-  STEP_AFTER="" STEP_SETTINGS="pair=$SRC-$TGT archives=$("$PYTHON" "$SCRIPTS/wmt_data.py" fingerprint \
+  STEP_AFTER="" STEP_SETTINGS="pair=$SRC-$TGT archives=$("$PYTHON" "$RECIPE_PY/wmt_data.py" fingerprint \
     --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
     --cache "$WORK/.archives-sha256.json" --upgrade-marker "$WORK/.done/extract")" \
     step extract "[2/8] extract train / valid ($VALID_NAME) / test ($TEST_NAME) as plain text" _extract
-  [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$SCRIPTS/train_plan.py" prepare-space "${space[@]}" \
+  [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$RECIPE_PY/plan.py" prepare-space "${space[@]}" \
     --raw-text "$WORK/raw" | sed 's/^/   /' || exit 2
   STEP_SETTINGS="text=fairseq-moses-1" step tokenize "[3/8] normalise and tokenize with sacremoses" _tokenize
-  STEP_SETTINGS="valid=$VALID_DESC" step split "[4/8] validation set: $VALID_DESC" _split_valid
-  STEP_SETTINGS="bpe=$BPE size=$BPE_SIZE" step learn_bpe "[5/8] learn joint $BPE ($BPE_SIZE)" _learn_bpe
+  step split "[4/8] validation set: $VALID_DESC" _split_valid
+  step learn_bpe "[5/8] learn joint $BPE ($BPE_SIZE)" _learn_bpe
   step apply_bpe "[6/8] apply $BPE" _apply_bpe
-  STEP_SETTINGS="ratio=1.5 len=1-250" step clean "[7/8] clean training pairs: ratio 1.5, 1-250 tokens" _clean
+  step clean "[7/8] clean training pairs: ratio 1.5, 1-250 tokens" _clean
   step preprocess "[8/8] fairseq-preprocess --joined-dictionary -> $WORK/data-bin" _preprocess
   for split in train valid test; do
     echo "| $split: $(wc -l < "$WORK/$split.$SRC") sentence pairs ($WORK/$split.{$SRC,$TGT})"
@@ -272,12 +331,24 @@ parse_run_args() {
 # the RNN position encoders of its Table 6, which take FLOATER's place in the same blocks
 warm_started() { case "$1" in floater|rnn) return 0 ;; *) return 1 ;; esac; }
 
-# ENC in the results label, with the RNN's form (Table 6's rows are one ENC, told apart by flags)
+# the results label's encoding: the evaluated checkpoint's own label (fairseq_posenc/labels.py, from
+# the model's state, not the flags: alibi, alibi (split), t5 (bias scale 10)); ENC where there is no
+# checkpoint yet (--dry-run); with the RNN's form (Table 6's rows are one ENC, told apart by flags)
+# evaluated_checkpoint: the checkpoint that average_and_generate decodes
+evaluated_checkpoint() {
+  if [ "${CHECKPOINT:-average}" = best ]; then echo "$(checkpoint_dir)/checkpoint_best.pt"
+  else echo "$(checkpoint_dir)/averaged_last$AVERAGE.pt"; fi
+}
+
 encoding_label() {
-  local form=""
+  local form="" label="" ckpt
+  ckpt="$(evaluated_checkpoint)"
+  if [ -f "$ckpt" ]; then
+    label="$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m fairseq_posenc.labels "$ckpt" 2> /dev/null | tail -1)" || label=""
+  fi
   # shellcheck disable=SC2086
   [ "$ENC" = rnn ] && form=$(printf '%s\n' $MODEL_FLAGS $EXTRA_FLAGS | awk '/^--rnn-/ { f = $0; next } f { printf "%s%s=%s", sep, substr(f, 3), $0; sep = ","; f = "" }')
-  echo "$ENC${form:+($form)}"
+  echo "${label:-$ENC}${form:+($form)}"
 }
 
 # what differs between the corpora of the recipes (keyed by the corpus's RECIPE, so that the
@@ -344,7 +415,7 @@ set_training_defaults() {
   # MAX_EPOCH alone stops at that epoch; MAX_UPDATE (100k base, 300k big) otherwise
   if [ -n "$MAX_EPOCH" ]; then MAX_UPDATE="${MAX_UPDATE:-}"; else MAX_UPDATE="${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}"; fi
   AVERAGE="${AVERAGE:-$DEFAULT_AVERAGE}"
-  SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-$DEFAULT_SAVE_INTERVAL}"  # auto: 1250 base, 600 big (scripts/train_plan.py)
+  SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-$DEFAULT_SAVE_INTERVAL}"  # auto: 1250 base, 600 big (fairseq_posenc/recipe/plan.py)
   MAX_TOKENS="${MAX_TOKENS:-auto}"    # auto: at most 4096 a GPU, chosen with UPDATE_FREQ
   UPDATE_FREQ="${UPDATE_FREQ:-auto}"  # ~32768 tokens an update (within 5%) whatever the GPU count
   WARMUP="${WARMUP:-$DEFAULT_WARMUP}"
@@ -379,7 +450,7 @@ checkpoint_dir() {
   if [ -n "${CKPT_DIR:-}" ]; then echo "$CKPT_DIR"; elif warm_started "$ENC"; then echo "$OUT/$ENC"; else echo "$OUT"; fi
 }
 
-# plan_training DATA_BIN: scripts/train_plan.py prints the plan (devices, the world of every node,
+# plan_training DATA_BIN: fairseq_posenc/recipe/plan.py prints the plan (devices, the world of every node,
 # tokens per update, updates per epoch, checkpoints, averaging, disk) and sets UPDATE_FREQ,
 # MAX_TOKENS, SAVE_INTERVAL_UPDATES, TRAIN_DEVICE_FLAGS (with the distributed flags), WORLD_SIZE,
 # FIRST_NODE (1 where the shared files are written), LAUNCH_ID and TRAIN_LAUNCHER (torchrun's
@@ -394,7 +465,7 @@ plan_training() {
                                   --baseline-updates "${BASELINE_UPDATES:-${MAX_UPDATE:-$DEFAULT_MAX_UPDATE}}")
   warm_started "$ENC" && [ "${VANILLA_CONTINUED:-0}" = 1 ] && stages+=(--control-stage vanilla_continued)
   echo "== plan for $ENC-$ARCH on $data_bin"
-  "$PYTHON" "$SCRIPTS/train_plan.py" plan --data-bin "$data_bin" --arch "$ARCH" --model-flags "$MODEL_FLAGS" \
+  "$PYTHON" "$RECIPE_PY/plan.py" plan --data-bin "$data_bin" --arch "$ARCH" --model-flags "$MODEL_FLAGS" \
     "${stages[@]}" --average "$AVERAGE" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --max-tokens "$MAX_TOKENS" \
     --update-freq "$UPDATE_FREQ" --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
     --nnodes "${NNODES:-1}" --node-rank "${NODE_RANK:-0}" --nproc-per-node "${NPROC_PER_NODE:-auto}" \
@@ -406,22 +477,25 @@ plan_training() {
     --env-out "$plan_env" | sed 's/^/   /' || { rm -f "$plan_env"; exit 2; }
   # shellcheck disable=SC1090
   . "$plan_env" && rm -f "$plan_env"
-  # a recipe adding up several models' plans (the extrapolation recipe's --dry-run) names a file
-  if [ -n "${PLAN_TOTALS:-}" ]; then echo "$OUT $TOTAL_UPDATES $CHECKPOINT_DISK" >> "$PLAN_TOTALS"; fi
+  # a recipe adding up several models' plans (the extrapolation recipe's --dry-run) names a file;
+  # FLOATER's protocol writes its line once it knows where its shared vanilla stage lives
+  if [ -n "${PLAN_TOTALS:-}" ] && ! warm_started "$ENC"; then
+    echo "$OUT $TOTAL_UPDATES $CHECKPOINT_DISK" >> "$PLAN_TOTALS"
+  fi
 }
 
 # run_settings DATA_BIN: what a stage depends on that fairseq's configuration does not hold (the
-# configuration itself, every field of it, is recorded by scripts/steps.py stage from the argument
+# configuration itself, every field of it, is recorded by fairseq_posenc/recipe/steps.py stage from the argument
 # list fairseq-train will run): the training data by content (the dictionaries, train and valid:
 # the same corpus at another path is the same run, another corpus at the same path is not, and
 # another test set changes no model)
 run_settings() {
-  echo "data=$("$PYTHON" "$SCRIPTS/steps.py" fingerprint --training-data "$1")"
+  echo "data=$("$PYTHON" "$RECIPE_PY/steps.py" fingerprint --training-data "$1")"
 }
 
 # train_stage SAVE_DIR AFTER_DIR SETTING... -- FAIRSEQ_TRAIN_ARGS...
 # One fairseq-train into SAVE_DIR, started from the stage in AFTER_DIR ("" for none).
-# scripts/steps.py stage (fairseq_posenc/recipe/stages.py) parses the argument list fairseq-train
+# fairseq_posenc/recipe/steps.py stage (fairseq_posenc/recipe/stages.py) parses the argument list fairseq-train
 # will run with fairseq's own parser and compares the resolved configuration with the one
 # SAVE_DIR/stage.json recorded: start, resume (interrupted, or a larger budget), skip (finished:
 # fairseq-train would train one update more and could replace checkpoint_best.pt), restart
@@ -442,19 +516,19 @@ train_stage() {
     local flags=(--on-change "${STAGE_ON_CHANGE:-refuse}" --act)
     [ "${ADOPT_RUN:-0}" = 1 ] && flags+=(--adopt)
     [ -n "${LAUNCH_ID:-}" ] && flags+=(--launch "$LAUNCH_ID")
-    decision="$("$PYTHON" "$SCRIPTS/steps.py" stage --save-dir "$save_dir" --after-dir "$after_dir" "${flags[@]}" \
+    decision="$("$PYTHON" "$RECIPE_PY/steps.py" stage --save-dir "$save_dir" --after-dir "$after_dir" "${flags[@]}" \
       --settings "${settings[@]}" -- "${train_args[@]}")" || exit 2
     printf '\n== %s %s: %s\n' "$(date -u '+%F %T UTC')" "$save_dir" "$decision" >> "$save_dir/train.log"
   else
     [ -n "${LAUNCH_ID:-}" ] || die "FIRST_NODE=0 needs LAUNCH_ID, shared by every node of the launch"
-    decision="$("$PYTHON" "$SCRIPTS/steps.py" stage --save-dir "$save_dir" --launch "$LAUNCH_ID" \
+    decision="$("$PYTHON" "$RECIPE_PY/steps.py" stage --save-dir "$save_dir" --launch "$LAUNCH_ID" \
       --wait "${STAGE_WAIT:-1800}")" || exit 2
   fi
   echo "   $save_dir: $decision"
   if [ -n "${STAGE_ACCEPTED:-}" ] && [ "${FIRST_NODE:-1}" = 1 ]; then "$STAGE_ACCEPTED"; fi
   [ "${decision%% *}" = skip ] && return 0
   launch_fairseq_train "$save_dir" "${train_args[@]}" || rc=$?
-  end="$("$PYTHON" "$SCRIPTS/steps.py" stage-end --save-dir "$save_dir" --exit-code "$rc" \
+  end="$("$PYTHON" "$RECIPE_PY/steps.py" stage-end --save-dir "$save_dir" --exit-code "$rc" \
     $([ "${FIRST_NODE:-1}" = 1 ] || echo --not-first --wait "${STAGE_WAIT:-1800}"))" || exit 2
   [ "$end" = finished ] || echo "== $end" >&2
 }
@@ -467,7 +541,7 @@ preflight_stage() {
   while [ "$1" != -- ]; do settings+=("$1"); shift; done; shift
   [ -f "$save_dir/checkpoint_last.pt" ] || return 0
   # shellcheck disable=SC2086
-  "$PYTHON" "$SCRIPTS/steps.py" stage --save-dir "$save_dir" --preflight --settings "${settings[@]}" -- \
+  "$PYTHON" "$RECIPE_PY/steps.py" stage --save-dir "$save_dir" --preflight --settings "${settings[@]}" -- \
     "$@" --save-dir "$save_dir" $TRAIN_DEVICE_FLAGS > /dev/null || exit 2
 }
 
@@ -574,10 +648,10 @@ check_finished() {
   fi
   UNFINISHED=""
   local verdict
-  if ! verdict="$("$PYTHON" "$SCRIPTS/train_plan.py" check-finished --checkpoint "$ckpt" \
+  if ! verdict="$("$PYTHON" "$RECIPE_PY/plan.py" check-finished --checkpoint "$ckpt" \
         ${max_update:+--max-update "$max_update"} ${max_epoch:+--max-epoch "$max_epoch"} 2>&1)"; then
-    [ "${ALLOW_UNFINISHED:-0}" = 1 ] || die "${verdict#train_plan.py: error: } (re-run train.sh to finish it, or set ALLOW_UNFINISHED=1 to score it marked UNFINISHED)"
-    echo "== WARNING: ${verdict#train_plan.py: error: }; scoring it anyway (ALLOW_UNFINISHED=1), marked UNFINISHED"
+    [ "${ALLOW_UNFINISHED:-0}" = 1 ] || die "${verdict#plan.py: error: } (re-run train.sh to finish it, or set ALLOW_UNFINISHED=1 to score it marked UNFINISHED)"
+    echo "== WARNING: ${verdict#plan.py: error: }; scoring it anyway (ALLOW_UNFINISHED=1), marked UNFINISHED"
     UNFINISHED=" UNFINISHED"
   else
     echo "== $verdict" | sed 's/^== | /== /'
@@ -591,7 +665,7 @@ check_finished() {
 # LENPEN_FORM=fairseq (default): --lenpen divides the summed log-probability by |Y|^LENPEN;
 # LENPEN_FORM=gnmt: GNMT's ((5+|Y|)/6)^LENPEN, which Vaswani et al. and DIET used: fairseq
 # writes every finished hypothesis (--nbest BEAM) with its raw score (--unnormalized) to
-# OUTPUT.nbest and scripts/rerank_lenpen.py keeps the best by GNMT's penalty (the beam search does
+# OUTPUT.nbest and fairseq_posenc/recipe/rerank.py keeps the best by GNMT's penalty (the beam search does
 # not depend on the penalty, only the final choice does: see that script).
 average_and_generate() {
   local data_bin=$1 subset=$2 output=$3; shift 3
@@ -602,10 +676,9 @@ average_and_generate() {
     *) die "LENPEN_FORM=$form: choose fairseq (|Y|^LENPEN, fairseq's --lenpen) or gnmt (((5+|Y|)/6)^LENPEN)" ;;
   esac
   local ckpt; ckpt="$(checkpoint_dir)"
-  local averaged="$ckpt/averaged_last$AVERAGE.pt"
-  [ "${CHECKPOINT:-average}" = best ] && averaged="$ckpt/checkpoint_best.pt"
+  local averaged; averaged="$(evaluated_checkpoint)"
   local device_env; device_env="$(mktemp)"
-  "$PYTHON" "$SCRIPTS/train_plan.py" device --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
+  "$PYTHON" "$RECIPE_PY/plan.py" device --gpus "$NUM_GPUS" --device "$DEVICE" --precision="$DEVICE_FLAGS" \
     --env-out "$device_env" > /dev/null || { rm -f "$device_env"; exit 2; }
   # shellcheck disable=SC1090
   . "$device_env" && rm -f "$device_env"
@@ -643,8 +716,8 @@ average_and_generate() {
   mv "$decoded.tmp" "$decoded"
   if [ "$form" = gnmt ]; then
     local summary
-    summary="$("$PYTHON" "$SCRIPTS/rerank_lenpen.py" --generation "$decoded" --out "$output" --form gnmt \
-      --alpha "$LENPEN" --beam "$BEAM" 2>&1)" || { echo "$summary" >&2; die "rerank_lenpen.py failed on $decoded"; }
+    summary="$("$PYTHON" "$RECIPE_PY/rerank.py" --generation "$decoded" --out "$output" --form gnmt \
+      --alpha "$LENPEN" --beam "$BEAM" 2>&1)" || { echo "$summary" >&2; die "rerank.py failed on $decoded"; }
     echo "$summary" | sed 's/^/   /'
   else
     grep "Generate test\|BLEU" "$output" | tail -1 | sed 's/^/   /' || true
@@ -678,10 +751,13 @@ evaluate_model() {
   check_finished
   average_and_generate "$DATA/data-bin" test "$gen" "$(remove_bpe_flag)"
   [ "${DRY_RUN:-0}" = 1 ] && return 0
+  # the model's label, from the checkpoint (compare.sh names its report's rows by it)
+  local enc_label; enc_label="$(encoding_label)"
+  printf '%s\n' "$enc_label" > "$OUT/label.$TEST_NAME.txt"
   echo "== BLEU on $TEST_NAME -> $RESULTS"
   # shellcheck disable=SC2086
-  "$PYTHON" "$SCRIPTS/score_translation.py" score --generation "$gen" --lang "$TGT" --ref "$DATA/test.raw.$TGT" ${SCORE_FLAGS:-} \
-    --label "$RECIPE $SRC-$TGT enc=$(encoding_label)${POSITION_BLOCKS:+ blocks=$POSITION_BLOCKS}${SEED:+ seed=$SEED} arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM $(checkpoint_label)$UNFINISHED" \
+  "$PYTHON" "$RECIPE_PY/scoring.py" score --generation "$gen" --lang "$TGT" --ref "$DATA/test.raw.$TGT" ${SCORE_FLAGS:-} \
+    --label "$RECIPE $SRC-$TGT enc=$enc_label${POSITION_BLOCKS:+ blocks=$POSITION_BLOCKS}${SEED:+ seed=$SEED} arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM $(checkpoint_label)$UNFINISHED" \
     --results "$RESULTS" --json "$OUT/bleu.$TEST_NAME.json"
   # FLOATER's control (VANILLA_CONTINUED=1 at training), scored beside it: FLOATER's difference
   # from it is what FLOATER does, its difference from the baseline also holds the extra updates
@@ -690,7 +766,7 @@ evaluate_model() {
     CKPT_DIR="$control" average_and_generate "$DATA/data-bin" test "$control/generate.$TEST_NAME.txt" "$(remove_bpe_flag)"
     echo "== BLEU of FLOATER's control (the vanilla model trained on with FLOATER's schedule) -> $RESULTS"
     # shellcheck disable=SC2086
-    "$PYTHON" "$SCRIPTS/score_translation.py" score --generation "$control/generate.$TEST_NAME.txt" --lang "$TGT" ${SCORE_FLAGS:-} \
+    "$PYTHON" "$RECIPE_PY/scoring.py" score --generation "$control/generate.$TEST_NAME.txt" --lang "$TGT" ${SCORE_FLAGS:-} \
       --ref "$DATA/test.raw.$TGT" --results "$RESULTS" --json "$control/bleu.$TEST_NAME.json" \
       --label "$RECIPE $SRC-$TGT enc=vanilla_continued(control of $ENC) arch=$ARCH $TEST_NAME beam=$BEAM lenpen=$LENPEN lenpen_form=$LENPEN_FORM $(checkpoint_label)$UNFINISHED"
   fi

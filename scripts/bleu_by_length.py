@@ -8,6 +8,10 @@ table, JSON, and a two-panel plot (BLEU, length ratio).
         t5=gen.t5.s1.txt,gen.t5.s2.txt none=gen.none.s1.txt,gen.none.s2.txt --baseline sinusoidal \\
         --out results/length [--bins 80 100 120 140] [--unit subwords] [--decoding-log gen.sin.s1.log ...]
 
+--checkpoint MODEL=CHECKPOINT names a model's rows by the label of its trained model, read from the
+checkpoint (fairseq_posenc/labels.py: ``alibi (split)``, ``t5 (bias scale 10)``), not from how it
+was meant to be trained.
+
 Each generation file is the output of ``fairseq-generate`` (its S-, T- and H- lines), one per seed
 (comma-separated, the same seeds in the same order for every model); the bins are over the source
 as it prints it (pass --remove-bpe to fairseq-generate to count words). Give a model trained with
@@ -47,6 +51,10 @@ def main(argv=None):
     parser.add_argument("--control", nargs="+", default=[], metavar="MODEL=CONTROL",
                         help="also compare MODEL with CONTROL, the model trained with MODEL's schedule from the same "
                              "start without what MODEL adds (FLOATER and its vanilla-continued control)")
+    parser.add_argument("--checkpoint", nargs="+", default=[], metavar="MODEL=CHECKPOINT",
+                        help="name MODEL's rows by the label of its trained model, read from the checkpoint's state "
+                             "(fairseq_posenc/labels.py: alibi (split), t5 (bias scale 10)); --baseline and "
+                             "--control may still name it MODEL")
     parser.add_argument("--out", required=True, help="output prefix: writes PREFIX.md, PREFIX.json, PREFIX.png")
     parser.add_argument("--bins", type=int, nargs="+", default=list(DEFAULT_EDGES),
                         help="left edges of the bins; the last is open-ended")
@@ -75,7 +83,7 @@ def main(argv=None):
         controls[model] = control
     runs, texts = {}, []
     for item in args.generation:
-        name, sep, paths = item.partition("=")
+        name, sep, paths = item.rpartition("=")  # a label may hold "=" (rnn(rnn-layers=2)), a path not
         if not sep or not name or not paths or "" in paths.split(","):
             parser.error(f"--generation takes MODEL=FILE[,FILE...], got {item!r}")
         if name in runs:
@@ -96,6 +104,25 @@ def main(argv=None):
         fail("every model needs one generation per seed, the same number: got "
              + ", ".join(f"{name} {n}" for name, n in counts.items()))
     n_seeds = next(iter(counts.values()))
+    renamed = {}
+    for item in args.checkpoint:
+        model, sep, path = item.partition("=")
+        if not sep or model not in runs or not path:
+            parser.error(f"--checkpoint takes MODEL=CHECKPOINT with MODEL one of --generation's, got {item!r}")
+        from fairseq_posenc.labels import checkpoint_label
+
+        try:
+            renamed[model] = checkpoint_label(path)
+        except Exception as e:  # noqa: BLE001  (fairseq's load raises many kinds)
+            fail(f"--checkpoint {item}: {type(e).__name__}: {e}")
+    if renamed:
+        labels = [renamed.get(name, name) for name in runs]
+        if len(set(labels)) < len(labels):
+            fail("two models have the same label: " + ", ".join(f"{n} = {renamed.get(n, n)}" for n in runs))
+        runs = {renamed.get(name, name): gens for name, gens in runs.items()}
+        controls = {renamed.get(m, m): renamed.get(c, c) for m, c in controls.items()}
+        if args.baseline:
+            args.baseline = renamed.get(args.baseline, args.baseline)
     if args.seeds is not None and len(args.seeds) != n_seeds:
         fail(f"--seeds names {len(args.seeds)} seeds but each model has {n_seeds} generation files")
     try:

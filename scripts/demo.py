@@ -22,6 +22,12 @@ checkpoint (scripts/plot_positions.py).
 With --data-bin, the study runs on your own preprocessed corpus instead (its test set binned):
 say how it is segmented (--bpe) and what the bins count (--unit); BLEU is on detokenized text.
 
+--encodings takes row specs: ENC, or ENC:--flag=value[,--flag=value...] to train that encoding
+with those flags added (``alibi:--alibi-encoder=split``, ``floater:--floater-solve-every=10``),
+so that one encoding can be compared under several settings. Each row is reported under the label
+of its trained model (fairseq_posenc/labels.py: ``alibi (split)``, ``floater (solve every 10)``),
+read from the averaged checkpoint, not from the flags; two rows with the same label are refused.
+
 With --warm-start N, FLOATER trains as its paper does: warm-started from the best checkpoint of
 the sinusoidal model of the same seed and trained N more updates at half the lr; beside it the
 control, that sinusoidal model trained on from the same checkpoint for the same N updates at the
@@ -42,14 +48,14 @@ import time
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # score_translation, text_tools, when imported
-from fairseq_posenc import bias_bound, pipeline, study_report, toy_data  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # plot_positions, when imported
+from fairseq_posenc import bias_bound, labels, pipeline, study_report, toy_data  # noqa: E402
 from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.models.from_flags import MODEL_SIZES  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
 from fairseq_posenc.positions.bias_scale import uses_bias_scale  # noqa: E402
-from score_translation import remove_bpe  # noqa: E402
-from text_tools import detokenize_line  # noqa: E402
+from fairseq_posenc.recipe.scoring import remove_bpe  # noqa: E402
+from fairseq_posenc.recipe.text import detokenize_line  # noqa: E402
 
 MAX_POSITIONS = 1024
 # fairseq-generate stops at a * source length + b target tokens: 1.5x + 50 lets a model that runs
@@ -75,13 +81,95 @@ def toy_corpus(out: str, args) -> str:
     return pipeline.preprocess(prefixes, os.path.join(out, "bin"))
 
 
-def train_flags(encoding: str, seed: int, args) -> list:
-    flags = pipeline.toy_train_flags(encoding, args.max_update, seed, size=args.size, lr=args.lr,
-                                     max_tokens=args.max_tokens)
+CONTROL = "vanilla_continued"
+
+
+class Row:
+    """One row of the study: an encoding and the flags its spec adds (``ENC`` or
+    ``ENC:--flag=value[,--flag=value...]``), the directory name it trains in (``slug``), and the
+    label its trained model gets (:func:`fairseq_posenc.labels.model_label`)."""
+
+    def __init__(self, spec: str, encoding: str, flags: list):
+        self.spec, self.encoding, self.flags = spec, encoding, flags
+        self.slug = encoding + ("-" + re.sub(r"[^A-Za-z0-9.]+", "-", spec.split(":", 1)[1]).strip("-.") if flags else "")
+        self.label = spec  # until the model is built (preflight_label) and trained (run_one)
+
+    def __repr__(self):
+        return f"Row({self.spec!r})"
+
+
+def parse_row(spec: str) -> Row:
+    """``ENC`` or ``ENC:--flag=value[,--flag=value...]`` (a flag without ``=value`` is a switch)."""
+    encoding, _, rest = spec.partition(":")
+    if encoding not in POSITION_ENCODINGS and encoding != CONTROL:
+        raise ValueError(f"--encodings {spec}: {encoding!r} is not an encoding; choose one of "
+                         f"{', '.join(POSITION_ENCODINGS)}, each optionally with :--flag=value[,--flag=value...]")
+    if encoding == CONTROL:
+        raise ValueError(f"--encodings {spec}: {CONTROL} is --warm-start's control row, added by it")
+    flags = []
+    if ":" in spec:
+        for item in rest.split(","):
+            name, eq, value = item.partition("=")
+            if not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", name) or (eq and not value):
+                raise ValueError(f"--encodings {spec}: {item!r} is not --flag=value or --flag")
+            flags += [name, value] if eq else [name]
+        if not flags:
+            raise ValueError(f"--encodings {spec}: no flags after ':'")
+    return Row(spec, encoding, flags)
+
+
+def parse_rows(specs) -> list:
+    rows = [parse_row(spec) for spec in specs]
+    slugs = {}
+    for row in rows:
+        if row.slug in slugs:
+            raise ValueError(f"--encodings {slugs[row.slug].spec} and {row.spec} are the same row")
+        slugs[row.slug] = row
+    return rows
+
+
+def model_flags(encoding: str, args) -> list:
+    """The model flags every row of ``encoding`` gets: positions, --position-bias-scale, OVERRIDES."""
     positions = ["--max-source-positions", str(MAX_POSITIONS), "--max-target-positions", str(MAX_POSITIONS)]
     if uses_bias_scale(POSITION_ENCODINGS[encoding]):
         positions += ["--position-bias-scale", repr(args.position_bias_scale)]
-    return flags + positions + OVERRIDES.get(encoding, [])
+    return positions + OVERRIDES.get(encoding, [])
+
+
+def preflight_label(row: Row, args) -> str:
+    """Build the row's model (no data, no training) as fairseq-train will: its flags refused here
+    where they would change nothing (models/config.py), and its label known before any work."""
+    import argparse as argparse_
+
+    from fairseq.data import Dictionary
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+    from fairseq_posenc.models.from_flags import size_flags
+
+    class Task:
+        source_dictionary = target_dictionary = Dictionary()
+
+    for symbol in ("a", "b", "<sep>"):
+        Task.source_dictionary.add_symbol(symbol)
+
+    class Parser(argparse_.ArgumentParser):
+        def error(self, message):  # one line under the demo's own error, not a second program's
+            raise ValueError(message)
+
+    parser = Parser(argument_default=argparse_.SUPPRESS)
+    ARCH_MODEL_REGISTRY["transformer_posenc"].add_args(parser)
+    flags = ["--position-encoding", row.encoding, *size_flags(args.size), *model_flags(row.encoding, args), *row.flags]
+    model_args, _ = parser.parse_known_args(flags)  # training flags (--lr ...) are fairseq-train's to check
+    model_args.arch = "transformer_posenc"
+    ARCH_CONFIG_REGISTRY["transformer_posenc"](model_args)
+    with _TORCH_RNG:
+        model = ARCH_MODEL_REGISTRY["transformer_posenc"].build_model(model_args, Task())
+    return labels.model_label(model)
+
+
+def train_flags(row: Row, seed: int, args) -> list:
+    flags = pipeline.toy_train_flags(row.encoding, args.max_update, seed, size=args.size, lr=args.lr,
+                                     max_tokens=args.max_tokens)
+    return flags + model_flags(row.encoding, args) + row.flags
 
 
 def parameters(checkpoint: str) -> int:
@@ -123,34 +211,34 @@ def postprocess(generation: pipeline.Generation, args, tgt_lang: str) -> pipelin
                                sources, generation.ids)
 
 
-CONTROL = "vanilla_continued"
-
-
-def warm_start_flags(model: str, seed: int, out: str, args) -> list:
-    """--warm-start: FLOATER from the sinusoidal model of ``seed`` (its best checkpoint, as the
-    paper), or its control, the sinusoidal model trained on; N updates at half the lr, each."""
+def warm_start_flags(row: Row, seed: int, out: str, args) -> list:
+    """--warm-start: a FLOATER row from the sinusoidal model of ``seed`` (its best checkpoint, as
+    the paper) with the row's own flags, or the control, the sinusoidal model trained on; N
+    updates at half the lr, each."""
     start = os.path.join(out, "checkpoints", "sinusoidal", f"seed{seed}", "checkpoint_best.pt")
-    flags = pipeline.toy_train_flags("floater" if model == "floater" else "sinusoidal", args.warm_start, seed,
+    floater = row.encoding == "floater"
+    flags = pipeline.toy_train_flags("floater" if floater else "sinusoidal", args.warm_start, seed,
                                      size=args.size, lr=args.lr / 2, max_tokens=args.max_tokens)
     flags += ["--max-source-positions", str(MAX_POSITIONS), "--max-target-positions", str(MAX_POSITIONS)]
-    if model == "floater":
-        return flags + ["--floater-init-from", start] + OVERRIDES["floater"]
+    if floater:
+        return flags + ["--floater-init-from", start] + OVERRIDES["floater"] + row.flags
     return flags + ["--finetune-from-model", start]
 
 
-def run_one(n: int, total: int, encoding: str, seed: int, data_bin: str, out: str, args, tgt_lang: str):
-    """Train, average and decode one model (encoding, seed)."""
-    save_dir = os.path.join(out, "checkpoints", encoding, f"seed{seed}")
-    warm = args.warm_start and encoding in ("floater", CONTROL)
+def run_one(n: int, total: int, row: Row, seed: int, data_bin: str, out: str, args, tgt_lang: str):
+    """Train, average and decode one model (row, seed); label it from its averaged checkpoint."""
+    save_dir = os.path.join(out, "checkpoints", row.slug, f"seed{seed}")
+    encoding = row.spec
+    warm = args.warm_start and row.encoding in ("floater", CONTROL)
     updates = (f"{args.warm_start} updates from sinusoidal seed {seed}'s best checkpoint at lr {args.lr / 2:g}" if warm
                else f"{args.max_update} updates")
     print(f"| [{n}/{total}] training {encoding} seed {seed} for {updates} (log: {save_dir}/train.log)", flush=True)
     start = time.time()
-    pipeline.train(data_bin, save_dir, warm_start_flags(encoding, seed, out, args) if warm
-                   else train_flags(encoding, seed, args))
+    pipeline.train(data_bin, save_dir, warm_start_flags(row, seed, out, args) if warm
+                   else train_flags(row, seed, args))
     train_seconds = time.time() - start
     averaged = pipeline.average_checkpoints(save_dir, 3, os.path.join(save_dir, "averaged.pt"))
-    log = os.path.join(out, "generations", f"{encoding}.seed{seed}.txt")
+    log = os.path.join(out, "generations", f"{row.slug}.seed{seed}.txt")
     raw = pipeline.generate(data_bin, averaged, subset="test", beam=4, lenpen=0.6, log=log,
                             extra=["--max-len-a", f"{MAX_LEN_A:g}", "--max-len-b", str(MAX_LEN_B)])
     generation = postprocess(raw, args, tgt_lang)
@@ -158,8 +246,9 @@ def run_one(n: int, total: int, encoding: str, seed: int, data_bin: str, out: st
           f"{len(generation.hypotheses)} test sentences (output: {log})", flush=True)
     with _TORCH_RNG:
         bias = bias_bound.checkpoint_bias_report(averaged)
-    return {"encoding": encoding, "seed": seed, "parameters": parameters(averaged),
-            "train_seconds": round(train_seconds, 1), "bias": bias}, raw, generation
+        label = CONTROL if row.encoding == CONTROL else labels.checkpoint_label(averaged)
+    return {"spec": row.spec, "label": label, "encoding": row.encoding, "seed": seed,
+            "parameters": parameters(averaged), "train_seconds": round(train_seconds, 1), "bias": bias}, raw, generation
 
 
 def parse_seeds(values):
@@ -173,10 +262,14 @@ def parse_seeds(values):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo_output", help="working and output directory")
-    parser.add_argument("--encodings", nargs="+", default=list(POSITION_ENCODINGS), choices=list(POSITION_ENCODINGS),
-                        help="position encodings to train and compare (default: all)")
+    parser.add_argument("--encodings", nargs="+", default=list(POSITION_ENCODINGS), metavar="ENC[:--FLAG=VALUE,...]",
+                        help="rows to train and compare: position encodings (" + ", ".join(POSITION_ENCODINGS)
+                             + "; default: all), each optionally with flags added to its training, e.g. "
+                             "alibi:--alibi-encoder=split or floater:--floater-solve-every=10,--floater-lr-scale=1; "
+                             "each row is reported under its trained model's label (alibi (split))")
     parser.add_argument("--baseline", default=None,
-                        help="encoding the others are compared with (default: sinusoidal, else the first)")
+                        help="row the others are compared with, by its spec or its label (default: sinusoidal, "
+                             "else the first)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1],
                         help="training seeds: one count N for seeds 1..N (--seeds 3), or several seeds "
                              "(--seeds 1 5 9); one model per encoding and seed (default: seed 1)")
@@ -214,11 +307,7 @@ def main(argv=None):
                              "--encodings (default 0: FLOATER from scratch like the others)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="models trained at once, sharing the cores (default: one per core, at most 2)")
-    parser.add_argument("--floater-solve-every", type=int, default=1, metavar="N",
-                        help="FLOATER's flow model updated every N updates (docs/floater.md; default 1)")
     args = parser.parse_args(argv)
-    if args.floater_solve_every != 1:
-        OVERRIDES["floater"] = OVERRIDES["floater"] + ["--floater-solve-every", str(args.floater_solve_every)]
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     if not 0 < args.position_bias_scale < float("inf"):
@@ -227,18 +316,35 @@ def main(argv=None):
         seeds = parse_seeds(args.seeds)
     except ValueError as e:
         parser.error(str(e))
+    try:
+        specs = parse_rows(args.encodings)
+    except ValueError as e:
+        parser.error(str(e))
     baseline = args.baseline or ("sinusoidal" if "sinusoidal" in args.encodings else args.encodings[0])
-    if baseline not in args.encodings:
-        parser.error(f"--baseline {baseline} is not among --encodings ({' '.join(args.encodings)})")
     if not args.data_bin and (args.bpe != "none" or args.unit != "words"):
         parser.error("--bpe and --unit describe a --data-bin corpus; the toy corpus is words")
     if args.data_bin and args.bpe == "none" and args.unit == "subwords":
         parser.error("--unit subwords needs --bpe (subword_nmt or sentencepiece): without it a token is a word")
-    if args.warm_start < 0 or (args.warm_start and not {"sinusoidal", "floater"} <= set(args.encodings)):
+    if args.warm_start < 0 or (args.warm_start and not ("sinusoidal" in args.encodings
+                                                        and any(r.encoding == "floater" for r in specs))):
         parser.error(f"--warm-start {args.warm_start}: a number of updates >= 0, with sinusoidal (the start) and "
                      "floater among --encodings")
-    encodings = list(args.encodings) + ([CONTROL] if args.warm_start else [])
-    controls = {"floater": CONTROL} if args.warm_start else {}
+    # every row's model built before any work: a flag that would change nothing is refused here,
+    # and two rows that would train the same model are
+    seen = {}
+    for row in specs:
+        try:
+            row.label = preflight_label(row, args)
+        except (ValueError, SystemExit) as e:
+            parser.error(f"--encodings {row.spec}: {e}")
+        if row.label in seen:
+            parser.error(f"--encodings {seen[row.label].spec} and {row.spec} are the same model, {row.label!r}")
+        seen[row.label] = row
+    named = [r for r in specs if baseline in (r.spec, r.label)]
+    if not named:
+        parser.error(f"--baseline {baseline} is not among --encodings (specs {' '.join(args.encodings)}; labels "
+                     f"{', '.join(r.label for r in specs)})")
+    encodings = specs + ([Row(CONTROL, CONTROL, [])] if args.warm_start else [])
 
     out = os.path.abspath(args.out)
     for stale in ("bin", "checkpoints", "generations"):  # a re-run starts over rather than resuming old runs
@@ -255,21 +361,37 @@ def main(argv=None):
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
     # with --warm-start, FLOATER and its control start from the sinusoidal models: a second round
     warm = ("floater", CONTROL) if args.warm_start else ()
-    rounds = [[(e, seed) for seed in seeds for e in encodings if e not in warm],
-              [(e, seed) for seed in seeds for e in encodings if e in warm]]
+    rounds = [[(e, seed) for seed in seeds for e in encodings if e.encoding not in warm],
+              [(e, seed) for seed in seeds for e in encodings if e.encoding in warm]]
     jobs = [job for jobs_of_round in rounds for job in jobs_of_round]
     done = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         for first, jobs_of_round in zip((1, len(rounds[0]) + 1), rounds):
             done += list(pool.map(lambda job: run_one(job[0], len(jobs), *job[1], data_bin, out, args, tgt_lang),
                                   enumerate(jobs_of_round, first)))
-    runs = {e: [next(gen for row, _, gen in done if row["encoding"] == e and row["seed"] == s) for s in seeds]
+    # each row under the label of its trained models (the same for every seed)
+    for e in encodings:
+        trained = {r["label"] for r, _, _ in done if r["spec"] == e.spec}
+        if len(trained) != 1:
+            parser.exit(2, f"demo.py: error: --encodings {e.spec}: its seeds' models have different labels "
+                           f"({', '.join(sorted(trained))})\n")
+        e.label = trained.pop()
+    by_label = {}
+    for e in encodings:
+        if e.label in by_label:
+            parser.exit(2, f"demo.py: error: --encodings {by_label[e.label].spec} and {e.spec} trained the same model, "
+                           f"{e.label!r}\n")
+        by_label[e.label] = e
+    baseline = next(r.label for r in encodings if baseline in (r.spec, r.label))
+    controls = {e.label: CONTROL for e in encodings if e.encoding == "floater"} if args.warm_start else {}
+    runs = {e.label: [next(gen for row, _, gen in done if row["spec"] == e.spec and row["seed"] == s) for s in seeds]
             for e in encodings}
-    rows = [{"encoding": e, "parameters": next(r["parameters"] for r, _, _ in done if r["encoding"] == e),
-             "train_seconds": [r["train_seconds"] for r, _, _ in done if r["encoding"] == e]}
+    rows = [{"encoding": e.label, "spec": e.spec, "slug": e.slug,
+             "parameters": next(r["parameters"] for r, _, _ in done if r["spec"] == e.spec),
+             "train_seconds": [r["train_seconds"] for r, _, _ in done if r["spec"] == e.spec]}
             for e in encodings]
     for row in rows:
-        biases = [r["bias"] for r, _, _ in done if r["encoding"] == row["encoding"] and r["bias"]]
+        biases = [r["bias"] for r, _, _ in done if r["spec"] == row["spec"] and r["bias"]]
         if biases:
             row["bias"] = mean_bias(biases)
 
@@ -289,12 +411,13 @@ def main(argv=None):
     note += (f" {args.max_update} updates of {args.max_tokens} tokens, peak lr {args.lr:g}, size {args.size},"
              f" seeds {' '.join(map(str, seeds))}; {args.jobs} model(s) trained at a time,"
              f" {os.environ['OMP_NUM_THREADS']} thread(s) each.")
-    note += "".join(f" {e}: {' '.join(OVERRIDES[e])}." for e in args.encodings if e in OVERRIDES)
+    note += "".join(f" {e}: {' '.join(OVERRIDES[e])}." for e in dict.fromkeys(r.encoding for r in specs) if e in OVERRIDES)
+    note += "".join(f" {r.label}: {r.spec}." for r in specs if r.flags)
     if args.warm_start:
         note += (f" --warm-start {args.warm_start}: floater and {CONTROL} trained {args.warm_start} more updates at lr "
                  f"{args.lr / 2:g} from sinusoidal's best checkpoint of each seed ({args.max_update + args.warm_start} "
                  "in all); training time is that stage's.")
-    scaled = [e for e in args.encodings if uses_bias_scale(POSITION_ENCODINGS[e])]
+    scaled = list(dict.fromkeys(r.encoding for r in specs if uses_bias_scale(POSITION_ENCODINGS[r.encoding])))
     if scaled:
         note += f" --position-bias-scale {args.position_bias_scale:g} for {', '.join(scaled)}."
     summary = summary_table(rows, note) + bias_table(rows) + "\n" + study_report.markdown(report)
@@ -316,13 +439,13 @@ def plot_positions(encodings, seed: int, out: str, length: int) -> list:
     import plot_positions as plot
 
     figures = []
-    for encoding in encodings:
-        checkpoint = os.path.join(out, "checkpoints", encoding, f"seed{seed}", "checkpoint_best.pt")
-        figure = os.path.join(out, f"positions_{encoding}.png")
+    for row in encodings:
+        checkpoint = os.path.join(out, "checkpoints", row.slug, f"seed{seed}", "checkpoint_best.pt")
+        figure = os.path.join(out, f"positions_{row.slug}.png")
         try:
             model, _ = plot.load_model(checkpoint)
             plot.plot(plot.position_arrays(model, length), figure,
-                      f"{encoding}: seed {seed}'s checkpoint_best.pt, positions 0-{length - 1}")
+                      f"{row.label}: seed {seed}'s checkpoint_best.pt, positions 0-{length - 1}")
         except Exception as e:  # the study is done: a figure that fails must not lose it
             print(f"| {os.path.basename(figure)} not written: {type(e).__name__}: {e}", file=sys.stderr)
             continue

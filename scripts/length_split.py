@@ -11,6 +11,11 @@ With --valid-src/--valid-tgt it also writes split/valid.{en,de}: the validation 
 is shorter than --train-below, counted in the same unit (--valid-segmentation undoes the subword
 segmentation of an already segmented validation set), so that neither training nor checkpoint
 selection sees a test length.
+
+    python scripts/length_split.py --src corpus.en --lengths-only [--train-below 80] [--bins 80 100 120 140]
+
+prints the length distribution of --src and how many pairs the split would train on and test,
+and writes nothing: pick --train-below and --bins from it first.
 """
 import argparse
 import logging
@@ -26,10 +31,12 @@ from fairseq_posenc.length_bins import DEFAULT_EDGES, DEFAULT_TRAIN_BELOW, keep_
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", required=True, help="source side, one sentence per line, tokens separated by spaces")
-    parser.add_argument("--tgt", required=True, help="target side, line-aligned with --src")
-    parser.add_argument("--src-lang", required=True)
-    parser.add_argument("--tgt-lang", required=True)
-    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--tgt", help="target side, line-aligned with --src")
+    parser.add_argument("--src-lang")
+    parser.add_argument("--tgt-lang")
+    parser.add_argument("--out-dir")
+    parser.add_argument("--lengths-only", action="store_true",
+                        help="print the length distribution of --src and what the split would keep; write nothing")
     parser.add_argument("--train-below", type=int, default=DEFAULT_TRAIN_BELOW,
                         help="training part: sources shorter than this (default: FLOATER's 80)")
     parser.add_argument("--bins", type=int, nargs="+", default=list(DEFAULT_EDGES),
@@ -40,6 +47,19 @@ def main(argv=None):
     parser.add_argument("--valid-segmentation", choices=["none", "subword_nmt", "sentencepiece"], default="none",
                         help="the validation files' subword segmentation, undone to count --unit tokens")
     args = parser.parse_args(argv)
+    if args.lengths_only:
+        from fairseq_posenc.recipe.plan import PlanError, length_distribution
+
+        try:
+            for line in length_distribution(args.src, args.train_below, args.bins):
+                print("| " + line)
+        except (OSError, PlanError) as e:
+            parser.exit(2, f"length_split.py: error: {e}\n")
+        return
+    missing = [f"--{name.replace('_', '-')}" for name in ("tgt", "src_lang", "tgt_lang", "out_dir")
+               if not getattr(args, name)]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
     if bool(args.valid_src) != bool(args.valid_tgt):
         parser.error("--valid-src and --valid-tgt go together")
     try:

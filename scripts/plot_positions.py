@@ -223,8 +223,44 @@ def _panels(name: str, entry: PositionArray):
             yield f"{name}, {label}", a[h], (-0.5, n - 0.5, n - 0.5, -0.5), _limit(trained), marks, ("query", "key")
 
 
+def norm_curve(image: np.ndarray, extent, axis_label: str) -> Tuple[np.ndarray, np.ndarray]:
+    """The norm of a panel's values at each position (or offset) of its position axis: (positions,
+    norms). The position axis is the rows, except in a by-offset bias (head x offset), whose columns
+    are the offsets; masked entries (NaN, -inf) count as 0."""
+    values = np.where(np.isfinite(image), image, 0.0).astype(np.float64)
+    if axis_label == "head":  # head x offset
+        return extent[0] + 0.5 + np.arange(values.shape[1]), np.sqrt((values ** 2).sum(0))
+    top = min(extent[2], extent[3]) + 0.5
+    return top + np.arange(values.shape[0]), np.sqrt((values.reshape(values.shape[0], -1) ** 2).sum(1))
+
+
+def _plot_curve(ax, image, extent, marks, axis_label, xlabel):
+    """Beside a heatmap: its norm against position on a log scale, the longest trained length
+    dashed. The heatmap's colour scale is fitted to the trained rows, so past them 1.5x and 100x
+    look the same; this axis does not saturate."""
+    x, norms = norm_curve(image, extent, axis_label)
+    positive = norms > 0
+    if positive.any():
+        ax.plot(x[positive], norms[positive], color="C0", linewidth=1.2)
+        ax.set_yscale("log")
+        low, high = norms[positive].min(), norms[positive].max()
+        if high < 4 * low:  # nearly flat (a sinusoid's constant norm): not its rounding noise magnified
+            ax.set_ylim(low / 2, high * 2)
+    else:
+        ax.text(0.5, 0.5, "all 0", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+    # the heatmap's marks across its position axis: "h" lines on rows, "v" lines on columns
+    across = "v" if axis_label == "head" else "h"
+    for direction, at in marks:
+        if direction == across:
+            ax.axvline(at, color="k", linestyle="--", linewidth=1)
+    ax.set_xlabel(xlabel if axis_label == "head" else axis_label, fontsize=8)
+    ax.set_ylabel("norm (log)", fontsize=8)
+    ax.tick_params(labelsize=7)
+
+
 def plot(arrays: Dict[str, PositionArray], out: str, title: str) -> int:
-    """Write the heatmaps to ``out`` (PNG); returns the number of panels."""
+    """Write the heatmaps to ``out`` (PNG), each with its norm curve beside it (:func:`norm_curve`,
+    log scale); returns the number of heatmap panels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -238,12 +274,16 @@ def plot(arrays: Dict[str, PositionArray], out: str, title: str) -> int:
     else:
         cols = min(3, len(panels))
         rows = math.ceil(len(panels) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(max(5.2 * cols, 8), 4.2 * rows), squeeze=False)
-        for ax in axes.flat[len(panels):]:
+        # each panel a pair: the heatmap and, beside it, its norm against position (log scale)
+        fig, grid = plt.subplots(rows, 2 * cols, figsize=(max(8.0 * cols, 10), 4.2 * rows), squeeze=False,
+                                 gridspec_kw={"width_ratios": [3, 1.7] * cols})
+        axes, curves = grid[:, 0::2], grid[:, 1::2]
+        for ax in list(axes.flat[len(panels):]) + list(curves.flat[len(panels):]):
             ax.axis("off")
         longest = sorted({e.longest for e in arrays.values() if e.longest})
         cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="0.6")
-        for ax, (name, image, extent, limit, marks, (ylabel, xlabel)) in zip(axes.flat, panels):
+        for ax, curve, (name, image, extent, limit, marks, (ylabel, xlabel)) in zip(axes.flat, curves.flat, panels):
+            _plot_curve(curve, image, extent, marks, ylabel, xlabel)
             shown = ax.imshow(np.ma.masked_invalid(image), aspect="auto", cmap=cmap, vmin=-limit, vmax=limit,
                               extent=extent, interpolation="nearest")
             for direction, at in marks:
@@ -255,7 +295,8 @@ def plot(arrays: Dict[str, PositionArray], out: str, title: str) -> int:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.02)
         sides = {side: e.longest for e in arrays.values() for side, _ in e.where}
-        note = ("dashed: the longest training input (" + ", ".join(f"{s} {n} tokens" for s, n in sides.items()) + ")"
+        note = ("right of each heatmap: its norm by position, log scale; "
+                "dashed: the longest training input (" + ", ".join(f"{s} {n} tokens" for s, n in sides.items()) + ")"
                 if longest else "longest training input not recorded in this checkpoint")
         if any(np.isneginf(e.array).any() or e.causal for e in arrays.values()):
             note += "; grey: masked (-inf, or after the query in the decoder)"
@@ -265,6 +306,87 @@ def plot(arrays: Dict[str, PositionArray], out: str, title: str) -> int:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return len(panels)
+
+
+def growth_diagnostic(model, max_len: Optional[int] = None) -> Optional[dict]:
+    """For FLOATER and the RNN encoders: how the position biases grow past the longest trained
+    length L (the larger of the two stacks' ``longest_trained``; max_len // 2 if not recorded), and
+    the top eigenvalue of the dynamics' Jacobian at the end of the trained range. None for the
+    other encodings.
+
+    - ``slope``: the least-squares slope of log ||p_i|| against i over L - 1 <= i < max_len (default
+      4 L), per position, for each block state; reported: the fastest-growing state's, and
+      ``factor_per_position`` = exp(slope). ``ratio``: ||p_(max_len - 1)|| / ||p_(L - 1)|| of that state.
+    - FLOATER (``kind`` "flow"): the eigenvalues of dh/dp at t = (L - 1) dt, p = p_(L - 1), the whole
+      right-hand side (with --floater-dissipation, -LAMBDA I + diag(tanh') dh/dp), for each state;
+      ``top_eigenvalue``: the largest real part over the states. A positive one makes small
+      differences grow like exp(Re t), exp(Re dt) per position.
+    - RNN (``kind`` "map"): the eigenvalues of the step's Jacobian dp_L / dp_(L - 1);
+      ``top_eigenvalue``: the largest modulus (above 1: differences grow per position).
+    """
+    from fairseq_posenc.positions.floater import FloaterODE
+
+    scheme = model.encoder.position_encoding
+    ode = getattr(scheme, "ode", None)
+    if not isinstance(ode, FloaterODE):
+        return None
+    longest = max(int(getattr(s, "longest_trained", 0)) for s in (model.encoder, model.decoder))
+    recorded = longest > 0
+    if max_len is None:
+        max_len = 4 * longest if recorded else 64
+    if not recorded:
+        longest = max_len // 2
+    longest = max(2, min(longest, max_len - 1))
+    with torch.no_grad():
+        solution = ode.positions(max_len)[:max_len].double()  # (max_len, states, dim)
+    norms = solution.norm(dim=-1)  # (positions, states)
+    past = torch.arange(longest - 1, max_len, dtype=torch.float64)
+    logs = norms[longest - 1:].clamp_min(torch.finfo(torch.float64).tiny).log()
+    centred = past - past.mean()
+    slopes = (centred[:, None] * (logs - logs.mean(0))).sum(0) / (centred ** 2).sum()
+    slopes = torch.where(torch.isfinite(slopes), slopes, torch.full_like(slopes, math.inf))
+    worst = int(slopes.argmax())
+    start = solution[longest - 1].float()
+    eigenvalues = []
+    dynamics = getattr(ode, "dynamics", None)
+    for state in range(start.size(0)):
+        if dynamics is not None:
+            field = dynamics.float32()
+            t = torch.tensor((longest - 1) * ode.dt)
+            jacobian = torch.autograd.functional.jacobian(lambda p: field(t, p[None])[0], start[state])
+        else:  # one step of the recurrence, from p_(L - 1) to p_L
+            jacobian = torch.autograd.functional.jacobian(
+                lambda p: ode._solve(p[None], longest - 1, longest + 1)[1, 0], start[state])
+        eigenvalues.append(torch.linalg.eigvals(jacobian.double()))
+    eigenvalues = torch.stack(eigenvalues)  # (states, dim)
+    if dynamics is not None:
+        per_state = eigenvalues.real.max(1).values
+    else:
+        per_state = eigenvalues.abs().max(1).values
+    top_state = int(per_state.argmax())
+    return {
+        "kind": "flow" if dynamics is not None else "map",
+        "longest": longest, "recorded": recorded, "max_len": max_len, "dt": ode.dt,
+        "slope": float(slopes[worst]), "factor_per_position": math.exp(min(float(slopes[worst]), 700.0)),
+        "ratio": float(norms[-1, worst] / norms[longest - 1, worst]), "state": worst,
+        "norm_at_longest": float(norms[longest - 1, worst]), "norm_at_end": float(norms[-1, worst]),
+        "top_eigenvalue": float(per_state[top_state]), "eigenvalue_state": top_state,
+    }
+
+
+def describe_growth(d: dict) -> str:
+    """One line of :func:`growth_diagnostic`'s result."""
+    trained = f"L = {d['longest']}" + ("" if d["recorded"] else " (not recorded: max_len / 2)")
+    growth = (f"||p|| past {trained}: x{d['factor_per_position']:.3g} per position (log-slope {d['slope']:.3g}), "
+              f"{d['norm_at_longest']:.3g} at {d['longest'] - 1} -> {d['norm_at_end']:.3g} at {d['max_len'] - 1} "
+              f"(x{d['ratio']:.3g}, state {d['state']})")
+    if d["kind"] == "flow":
+        eig = (f"top Re eigenvalue of dh/dp at t = {(d['longest'] - 1) * d['dt']:g}: {d['top_eigenvalue']:.3g} "
+               f"(x{math.exp(min(d['top_eigenvalue'] * d['dt'], 700.0)):.3g} per position, state {d['eigenvalue_state']})")
+    else:
+        eig = (f"top |eigenvalue| of the step's Jacobian at position {d['longest'] - 1}: {d['top_eigenvalue']:.3g} "
+               f"(state {d['eigenvalue_state']})")
+    return f"{growth}; {eig}"
 
 
 def load_model(path: str, data: Optional[str] = None):
@@ -315,6 +437,9 @@ def main(argv=None):
     if not arrays:
         print(f"| {encoding}: {NOTHING}", file=sys.stderr)
     print(f"| wrote {args.out}: {panels} panels ({', '.join(arrays) or 'none'})", file=sys.stderr)
+    growth = growth_diagnostic(model, max_len)
+    if growth is not None:
+        print(f"| {encoding}: {describe_growth(growth)}")
 
 
 if __name__ == "__main__":

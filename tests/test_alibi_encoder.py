@@ -4,6 +4,7 @@ import argparse
 import copy
 import math
 import os
+import subprocess
 import sys
 
 import pytest
@@ -25,7 +26,7 @@ def alibi_model(*flags, seed=1):
 
 
 def form_of(model) -> str:
-    return model.encoder.position_encoding.form
+    return model.encoder.position_encoding.bias_form
 
 
 def test_each_forms_bias_by_hand():
@@ -46,8 +47,42 @@ def test_each_forms_bias_by_hand():
         [-0.25, -0.125, 0.0, -0.5, -1.0]]
 
 
-def test_the_flag_chooses_the_encoders_form_and_the_default_is_split():
-    assert form_of(build_model("transformer_posenc", "--position-encoding", "alibi")) == "split"
+@torch.no_grad()
+def test_the_default_is_the_published_symmetric_form_the_bias_minus_slope_times_distance():
+    """MosaicBERT, JinaBERT-v2, data2vec 2.0 and x-transformers: -m_h |i - j| in every head."""
+    model = build_model("transformer_posenc", "--position-encoding", "alibi")
+    assert form_of(model) == "symmetric" and model.encoder.position_encoding.form() == []
+    assert model.state_dict()[FORM_KEY].item() == ENCODER_FORMS.index("symmetric")
+    scheme = model.encoder.position_encoding
+    scheme.begin_forward(torch.zeros(1, 7, dtype=torch.long))
+    bias = scheme.attention_bias(0, None, AttentionPositions.build(7, 7, None, "cpu"))[0]  # (H, T, S)
+    i = torch.arange(7.0)
+    slopes = torch.tensor([2 ** (-8 * (h + 1) / 4) for h in range(4)])  # 4 heads: 2^-2, 2^-4, 2^-6, 2^-8
+    assert torch.equal(bias, -slopes[:, None, None] * (i[:, None] - i[None, :]).abs())
+
+
+def test_crossed_with_one_head_is_symmetric_and_refused_in_one_line():
+    from fairseq_posenc.compat import PosencError
+
+    with pytest.raises(PosencError) as error:
+        build_model("transformer_posenc", "--position-encoding", "alibi", "--alibi-encoder", "crossed",
+                    "--encoder-attention-heads", "1")
+    assert str(error.value) == ("--alibi-encoder crossed with 1 encoder attention head is --alibi-encoder symmetric "
+                                "(its one head has the same slope on both sides): use symmetric")
+    # one head's crossed bias is the symmetric one, which is why it is refused
+    offsets = torch.arange(-3, 4)
+    assert torch.equal(alibi_bias(alibi_slopes(1), offsets, "crossed"), alibi_bias(alibi_slopes(1), offsets, "symmetric"))
+    # two heads and more are not symmetric: the form is the model's label
+    model = build_model("transformer_posenc", "--position-encoding", "alibi", "--alibi-encoder", "crossed",
+                        "--encoder-attention-heads", "2")
+    assert model.encoder.position_encoding.form() == ["crossed"]
+    # six heads, not a power of two: the slope list 2^-2, 2^-4, 2^-6, 2^-8, 2^-1, 2^-3 reversed as
+    # it is (docs/encodings.md): head 0 has 2^-2 on the left and 2^-3 on the right, head 1 2^-4 and 2^-1
+    bias = alibi_bias(alibi_slopes(6), torch.tensor([-1, 1]), "crossed")
+    assert bias[:2].tolist() == [[-2 ** -2, -2 ** -3], [-2 ** -4, -2 ** -1]]
+
+
+def test_the_flag_chooses_the_encoders_form():
     for form in ENCODER_FORMS:
         model = build_model("transformer_posenc", "--position-encoding", "alibi", "--alibi-encoder", form)
         assert form_of(model) == form
@@ -61,7 +96,8 @@ def test_an_unknown_form_and_a_one_headed_split_are_refused_naming_the_flag():
                                          r"split, crossed"):
         build_model("transformer_posenc", "--position-encoding", "alibi", "--alibi-encoder", "mirrored")
     with pytest.raises(ValueError, match="--alibi-encoder split needs at least 2 encoder attention heads"):
-        build_model("transformer_posenc", "--position-encoding", "alibi", "--encoder-attention-heads", "1")
+        build_model("transformer_posenc", "--position-encoding", "alibi", "--alibi-encoder", "split",
+                    "--encoder-attention-heads", "1")
 
 
 @pytest.mark.parametrize("form", ENCODER_FORMS)
@@ -295,14 +331,15 @@ def test_a_stored_form_this_code_does_not_know_is_a_clear_error():
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """Two epoch checkpoints of fairseq-train with ALiBi's default encoder form."""
+    """Two epoch checkpoints of fairseq-train with --alibi-encoder split (the default before it was
+    symmetric: what checkpoints of that time hold)."""
     from fairseq_posenc import pipeline, toy_data
 
     root = tmp_path_factory.mktemp("alibi_checkpoints")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 8), "valid": (20, 3, 8)})
     data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
     save_dir = root / "checkpoints"
-    flags = pipeline.toy_train_flags("alibi", max_update=100, size="tiny", max_tokens=500)
+    flags = pipeline.toy_train_flags("alibi", max_update=100, size="tiny", max_tokens=500) + ["--alibi-encoder", "split"]
     pipeline.train(data_bin, str(save_dir), flags + ["--max-epoch", "2"])
     epochs = sorted(save_dir.glob("checkpoint[0-9]*.pt"))
     assert len(epochs) == 2
@@ -355,3 +392,56 @@ def test_averaged_checkpoints_keep_the_stored_form_or_its_absence(checkpoints, t
     _average([_write_old(path, tmp_path / f"old{i}.pt") for i, path in enumerate(epochs)], tmp_path / "old.pt")
     assert FORM_KEY not in torch.load(tmp_path / "old.pt", map_location="cpu", weights_only=False)["model"]
     assert form_of(_load(tmp_path / "old.pt")) == "symmetric"
+
+
+def test_the_label_comes_from_the_stored_form_not_the_saved_configuration(checkpoints, tmp_path):
+    """A split run resumed after the default flipped: its saved configuration says symmetric, its
+    encoder_form buffer split; the model is split, and so is its label."""
+    from fairseq_posenc.labels import checkpoint_label
+
+    root, epochs = checkpoints
+    state = torch.load(epochs[-1], map_location="cpu", weights_only=False)
+    assert state["cfg"]["model"].alibi_encoder == "split"
+    state["cfg"]["model"].alibi_encoder = "symmetric"
+    torch.save(state, tmp_path / "rewritten.pt")
+    assert form_of(_load(tmp_path / "rewritten.pt")) == "split"
+    assert checkpoint_label(str(tmp_path / "rewritten.pt")) == "alibi (split)"
+    # and one from before the flag, whatever the default: symmetric, plain alibi
+    assert checkpoint_label(str(_write_old(epochs[-1], tmp_path / "old.pt"))) == "alibi"
+    # the recipes' results line (recipes/common.sh's encoding_label) reads it from the checkpoint too
+    os.rename(tmp_path / "rewritten.pt", tmp_path / "averaged_last1.pt")
+    root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    label = subprocess.run(["bash", "-c", f". {root_dir}/recipes/common.sh && encoding_label"],
+                           env={**os.environ, "ENC": "alibi", "OUT": str(tmp_path), "AVERAGE": "1",
+                                "PYTHON": sys.executable},
+                           capture_output=True, text=True, check=True).stdout
+    assert label == "alibi (split)\n"
+    # and the study report (scripts/bleu_by_length.py) names a row by its checkpoint's label
+    generation = tmp_path / "gen.txt"
+    generation.write_text("".join(f"S-{i}\ta b c\nT-{i}\ta b c\nH-{i}\t-0.1\ta b c\n" for i in range(4)))
+    sys.path.insert(0, os.path.join(root_dir, "scripts"))
+    try:
+        from bleu_by_length import main as bleu_by_length
+    finally:
+        sys.path.remove(os.path.join(root_dir, "scripts"))
+    bleu_by_length(["--generation", f"sinusoidal={generation}", f"alibi={generation}", "--checkpoint",
+                    f"alibi={tmp_path / 'averaged_last1.pt'}", "--bins", "1", "--bootstrap-samples", "40",
+                    "--out", str(tmp_path / "report")])
+    import json
+
+    assert list(json.loads((tmp_path / "report.json").read_text())["models"]) == ["sinusoidal", "alibi (split)"]
+
+
+def test_a_checkpoint_loads_as_saved_with_a_flag_its_encoding_ignores(checkpoints, tmp_path):
+    """Checkpoints written while split was the default store ``alibi_encoder: split`` whatever
+    their encoding; a flag the model ignores is refused when it trains, not when it loads."""
+    from fairseq_posenc.compat import PosencError
+    from fairseq_posenc.models.config import refuse_unused_flags
+
+    root, epochs = checkpoints
+    state = torch.load(epochs[-1], map_location="cpu", weights_only=False)
+    state["cfg"]["model"].floater_dt = 0.2  # ignored by alibi, as split was by every other encoding
+    with pytest.raises(PosencError, match="--floater-dt 0.2 would change nothing"):
+        refuse_unused_flags(state["cfg"]["model"])
+    torch.save(state, tmp_path / "ignored_flag.pt")
+    assert form_of(_load(tmp_path / "ignored_flag.pt")) == "split"

@@ -199,6 +199,6 @@ def test_the_demo_passes_the_scale_only_to_the_encodings_that_take_it():
     demo = _demo_module()
     args = argparse.Namespace(max_update=10, size="tiny", lr=3e-3, max_tokens=1000, position_bias_scale=10.0)
     for encoding in POSITION_ENCODINGS:
-        flags = demo.train_flags(encoding, 1, args)
+        flags = demo.train_flags(demo.parse_row(encoding), 1, args)
         assert (flags[flags.index("--position-bias-scale") + 1] == "10.0") if encoding in SCALED \
             else "--position-bias-scale" not in flags

@@ -47,22 +47,36 @@ def test_demo_writes_the_report_table_json_and_plot(tmp_path):
     assert "positions_none.png, positions_sinusoidal.png" in proc.stdout
 
 
-def test_warm_start_trains_floater_and_its_control_from_sinusoidals_best_checkpoint(tmp_path):
-    """--warm-start N: FLOATER and vanilla_continued both start from sinusoidal seed 1's best
-    checkpoint and train N updates at half the lr; the report compares FLOATER with its control."""
+# the demo's FLOATER (--floater-step 0.1, its OVERRIDES) and the same with its flow model solved
+# every 10 updates: each row labelled from its trained model
+FLOATER = "floater (step 0.1)"
+FLOATER_N10 = "floater (solve every 10, step 0.1)"
+
+
+def test_warm_start_trains_floater_rows_and_one_control_from_sinusoidals_best_checkpoint(tmp_path):
+    """--warm-start N: each FLOATER row (one with --floater-solve-every 10 from its spec) and
+    vanilla_continued start from sinusoidal seed 1's best checkpoint and train N updates at half
+    the lr; the report names the rows by their models' labels and compares each FLOATER row with
+    the one control, and the others with --baseline given as a spec (floater: N = 1)."""
     import torch
 
-    proc = subprocess.run([sys.executable, DEMO, "--encodings", "sinusoidal", "floater", "--max-update", "300",
+    proc = subprocess.run([sys.executable, DEMO, "--encodings", "sinusoidal", "floater",
+                           "floater:--floater-solve-every=10", "--baseline", "floater", "--max-update", "300",
                            "--warm-start", "40", "--train-size", "1000", "--test-size", "60", "--size", "tiny",
                            "--out", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| [3/3] training vanilla_continued seed 1 for 40 updates from sinusoidal seed 1's best checkpoint at " \
-           "lr 0.0015" in proc.stdout or "| [2/3] training vanilla_continued seed 1 for 40 updates" in proc.stdout
+    assert "training vanilla_continued seed 1 for 40 updates from sinusoidal seed 1's best checkpoint at " \
+           "lr 0.0015" in proc.stdout
+    assert proc.stdout.count("training vanilla_continued seed 1") == 1
     results = json.load(open(tmp_path / "results.json"))
-    assert [row["encoding"] for row in results["rows"]] == ["sinusoidal", "floater", "vanilla_continued"]
-    assert results["report"]["controls"] == {"floater": "vanilla_continued"} and results["warm_start"] == 40
-    assert all("vs_control" in row for row in results["report"]["models"]["floater"])
-    for model in ("floater", "vanilla_continued"):
+    assert [row["encoding"] for row in results["rows"]] == ["sinusoidal", FLOATER, FLOATER_N10, "vanilla_continued"]
+    assert [row["slug"] for row in results["rows"]] == [
+        "sinusoidal", "floater", "floater-floater-solve-every-10", "vanilla_continued"]
+    report = results["report"]
+    assert report["controls"] == {FLOATER: "vanilla_continued", FLOATER_N10: "vanilla_continued"}
+    assert results["warm_start"] == 40 and report["baseline"] == FLOATER
+    assert all("vs_control" in row for label in (FLOATER, FLOATER_N10) for row in report["models"][label])
+    for model in ("floater", "floater-floater-solve-every-10", "vanilla_continued"):
         state = torch.load(tmp_path / "checkpoints" / model / "seed1" / "checkpoint_last.pt", map_location="cpu",
                            weights_only=False)
         assert state["optimizer_history"][-1]["num_updates"] == 40
@@ -71,13 +85,20 @@ def test_warm_start_trains_floater_and_its_control_from_sinusoidals_best_checkpo
     log = open(tmp_path / "checkpoints" / "vanilla_continued" / "seed1" / "train.log").read()
     assert f"loading pretrained model from {start}" in log
     # (the saved config forgets the warm start, so that loading the model does not redo it)
-    command = open(tmp_path / "checkpoints" / "floater" / "seed1" / "train.log").readline()
-    assert f" --floater-init-from {start} " in command and " --lr 0.0015 " in command
-    # trained 340 updates in all: in range both are well past the untrained 0 BLEU (sinusoidal
+    for model, every in (("floater", False), ("floater-floater-solve-every-10", True)):
+        command = open(tmp_path / "checkpoints" / model / "seed1" / "train.log").readline()
+        assert f" --floater-init-from {start} " in command and " --lr 0.0015 " in command
+        assert (" --floater-solve-every 10" in command) == every
+    assert sorted(os.listdir(tmp_path / "generations")) == [
+        "floater-floater-solve-every-10.seed1.txt", "floater.seed1.txt", "sinusoidal.seed1.txt",
+        "vanilla_continued.seed1.txt"]
+    # trained 340 updates in all: in range all are well past the untrained 0 BLEU (sinusoidal
     # alone reaches 58.8 at 300 updates here)
-    for model in ("floater", "vanilla_continued"):
-        assert results["report"]["models"][model][0]["bleu"] > 30
-    assert "| floater - vanilla_continued | " in open(tmp_path / "results.md").read()
+    for model in (FLOATER, FLOATER_N10, "vanilla_continued"):
+        assert report["models"][model][0]["bleu"] > 30
+    table = open(tmp_path / "results.md").read()
+    assert f"| {FLOATER} - vanilla_continued | " in table and f"| {FLOATER_N10} - vanilla_continued | " in table
+    assert f"| {FLOATER_N10} | " in table
 
 
 def _demo_module():
@@ -93,6 +114,17 @@ def test_demo_flags_are_checked_before_any_work(tmp_path, capsys):
     demo = _demo_module()
     for args, message in ((["--seeds", "2", "2"], "--seeds takes a count N >= 1 or distinct non-negative seeds"),
                           (["--encodings", "t5", "--baseline", "rope"], "--baseline rope is not among --encodings"),
+                          (["--encodings", "t5", "alibi:--alibi-encoder"],
+                           "--encodings alibi:--alibi-encoder: argument --alibi-encoder: expected one argument"),
+                          (["--encodings", "t5", "alibi:alibi-encoder=split"], "'alibi-encoder=split' is not --flag=value"),
+                          (["--encodings", "alibi", "alibi:--alibi-encoder=symmetric"],
+                           "--encodings alibi and alibi:--alibi-encoder=symmetric are the same model, 'alibi'"),
+                          (["--encodings", "alibi:--alibi-encoder=split", "alibi:--alibi-encoder=split"],
+                           "are the same row"),
+                          (["--encodings", "sinusoidal:--alibi-encoder=split"],
+                           "--encodings sinusoidal:--alibi-encoder=split: --alibi-encoder split would change nothing: "
+                           "--position-encoding sinusoidal does not use it (it is for --position-encoding alibi)"),
+                          (["--encodings", "rotary"], "'rotary' is not an encoding"),
                           (["--bpe", "subword_nmt"], "--bpe and --unit describe a --data-bin corpus"),
                           (["--encodings", "floater", "--warm-start", "10"],
                            "--warm-start 10: a number of updates >= 0, with sinusoidal (the start) and floater among "
@@ -102,6 +134,32 @@ def test_demo_flags_are_checked_before_any_work(tmp_path, capsys):
         assert exit_.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
         assert not os.path.exists(tmp_path / "raw")
     assert demo.parse_seeds([3]) == [1, 2, 3] and demo.parse_seeds([1, 5, 9]) == [1, 5, 9]
+
+
+def test_row_specs_add_flags_name_a_directory_and_a_label(tmp_path):
+    import argparse
+
+    demo = _demo_module()
+    rows = demo.parse_rows(["alibi", "alibi:--alibi-encoder=split", "t5:--position-bias-scale=10",
+                            "floater:--floater-solve-every=10,--floater-lr-scale=1", "t5:--segment-attention"])
+    assert [(r.encoding, r.flags, r.slug) for r in rows] == [
+        ("alibi", [], "alibi"),
+        ("alibi", ["--alibi-encoder", "split"], "alibi-alibi-encoder-split"),
+        ("t5", ["--position-bias-scale", "10"], "t5-position-bias-scale-10"),
+        ("floater", ["--floater-solve-every", "10", "--floater-lr-scale", "1"],
+         "floater-floater-solve-every-10-floater-lr-scale-1"),
+        ("t5", ["--segment-attention"], "t5-segment-attention")]
+    args = argparse.Namespace(size="tiny", position_bias_scale=1.0)
+    assert [demo.preflight_label(r, args) for r in rows] == [
+        "alibi", "alibi (split)", "t5 (bias scale 10)", "floater (solve every 10, lr scale 1, step 0.1)",
+        "t5 (segment attention)"]
+    # the spec's flags come last in the training command, after the demo's own
+    flags = demo.train_flags(rows[2], 1, argparse.Namespace(max_update=10, size="tiny", lr=1e-3, max_tokens=100,
+                                                            position_bias_scale=1.0))
+    assert flags[-4:] == ["--position-bias-scale", "1.0", "--position-bias-scale", "10"]
+    assert demo.preflight_label(rows[0], argparse.Namespace(size="tiny", position_bias_scale=10.0)) == "alibi"
+    assert demo.preflight_label(demo.parse_row("t5"), argparse.Namespace(size="tiny", position_bias_scale=10.0)) \
+        == "t5 (bias scale 10)"
 
 
 def test_a_bped_corpus_is_binned_in_the_unit_asked_and_scored_on_detokenized_words(tmp_path):

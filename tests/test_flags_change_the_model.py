@@ -67,11 +67,12 @@ OTHER_VALUES = {
     "max_relative_distance": lambda scheme, context: 3,  # defaults 128 and 16: more than the batch spans
     # 129 buckets the batch's distances (below 23) as 128 does; 16 or less is refused (t5.py)
     "t5_max_distance": lambda scheme, context: 24,
-    "alibi_encoder": lambda scheme, context: "symmetric",  # default split
+    "alibi_encoder": lambda scheme, context: "split",  # default symmetric
     "floater_solver": lambda scheme, context: "euler",  # default rk4
     "floater_step": lambda scheme, context: 0.05,  # default dt / 5
     "floater_hidden": lambda scheme, context: 16,  # default the attention width
     "floater_lr_scale": lambda scheme, context: 2.0,  # default --floater-solve-every's N, here 1
+    "floater_dissipation": lambda scheme, context: 1.0,  # default 0, the paper's FLOATER
     "floater_init_from": lambda scheme, context: _vanilla_checkpoint(context),
     "segment_separator": lambda scheme, context: OTHER_SEPARATOR,  # default <sep>; both are in the batch
 }

@@ -16,8 +16,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "recipes", "iwslt14_de_en")
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-from wmt_data import read_sources  # noqa: E402
+from fairseq_posenc.recipe.wmt_data import read_sources  # noqa: E402
 from test_recipes import lines, ok  # noqa: E402  (the WMT recipes' test helpers)
 
 TEST_SETS = ["IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010", "IWSLT14.TED.tst2011",
@@ -200,7 +199,7 @@ def test_prepare_follows_fairseqs_script_step_by_step(prepared):
 
 
 def test_the_archive_is_kept_apart_in_the_cache_and_a_replaced_one_is_refused_against_its_record(tmp_path):
-    from wmt_data import main as wmt_data
+    from fairseq_posenc.recipe.wmt_data import main as wmt_data
 
     sources = os.path.join(RECIPE, "sources")
     archives = read_sources(sources)[0]
@@ -270,6 +269,9 @@ def test_train_and_evaluate_score_as_the_field_reports_iwslt(prepared):
     report = json.loads((base / "compare" / "bleu_by_length.json").read_text())
     assert (base / "compare" / "bleu_by_length.png").stat().st_size > 0
     assert "sinusoidal" in (base / "compare" / "bleu_by_length.md").read_text()
+    # the row is named by the label evaluate.sh read from the averaged checkpoint
+    assert (runs / f"label.{test}.txt").read_text() == "sinusoidal\n"
+    assert list(report["models"]) == ["sinusoidal"]
     assert [b["sentences"] for b in report["bins"]] == [10, 7, 13]  # of source words [1,8), [8,11), [11,inf)
     assert report["seeds"] == [1] and "outputs that long are not cut" in report["footer"]
 
@@ -439,7 +441,7 @@ def server():
 
 def _fetch(cache, mirror, capsys):
     """wmt_data.py fetch of the recipe's sources into ``cache`` from ``mirror``: (exit code, stdout, stderr)."""
-    from wmt_data import main as wmt_data
+    from fairseq_posenc.recipe.wmt_data import main as wmt_data
 
     code = 0
     try:
@@ -468,7 +470,7 @@ def test_a_silent_server_stops_the_download_after_download_timeout_and_leaves_no
 
 
 def test_the_timeout_reaches_urlopen(tmp_path, monkeypatch):
-    import wmt_data
+    from fairseq_posenc.recipe import wmt_data
 
     seen = []
 

@@ -65,9 +65,35 @@ def _position_parameters(model):
 LEARNED = [e for e in ENCODINGS if _position_parameters(_model(e))]
 
 
+def _kept(model):
+    """Everything the model's position schemes keep across no-grad forwards: tables, ODE solutions."""
+    kept = []
+    for stack in (model.encoder, model.decoder):
+        scheme = stack.position_encoding
+        kept += [table for table, _ in getattr(scheme, "_tables", {}).values()]
+        solution = getattr(getattr(scheme, "ode", None), "solution", None)
+        if solution is not None:
+            kept.append(solution)
+    return kept
+
+
+def _keeps_tables(encoding):
+    model = _model(encoding)
+    _keep_tables(model, _batch(model))
+    return bool(_kept(model))
+
+
+#: the encodings with learned position parameters that keep something computed from them
+KEEPING = [e for e in LEARNED if _keeps_tables(e)]
+#: the others read their parameters in every forward: nothing to go stale
+NOT_KEEPING = [e for e in LEARNED if e not in KEEPING]
+
+
 def test_the_learned_encodings_are_found():
     assert {"learned", "diet_abs", "diet_rel", "shaw", "t5", "floater"} <= set(LEARNED)
     assert not {"none", "sinusoidal", "rope", "alibi"} & set(LEARNED)
+    assert {"diet_abs", "diet_rel", "t5", "floater", "rnn"} <= set(KEEPING)
+    assert {"learned", "shaw"} <= set(NOT_KEEPING)
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
@@ -91,13 +117,17 @@ def test_no_grad_forward_after_a_fairseq_adam_step_uses_current_tables(encoding)
     assert (after - grad_mode).abs().max().item() <= _grad_mode_tolerance(grad_mode)
 
 
-@pytest.mark.parametrize("encoding", LEARNED)
+@pytest.mark.parametrize("encoding", KEEPING)
 @torch.no_grad()
 def test_kept_tables_follow_values_written_through_data(encoding):
-    """EMA or checkpoint averaging in memory: new values copied into ``p.data``, no optimizer."""
+    """EMA or checkpoint averaging in memory: new values copied into ``p.data``, no optimizer.
+    Only the encodings that keep something: for the others (learned, shaw) there is nothing to
+    go stale, and the test would pass with the value comparison of ``kept.py`` removed."""
     model = _model(encoding)
     batch = _batch(model)
     _keep_tables(model, batch)
+    before = _kept(model)
+    assert before
     g = torch.Generator().manual_seed(3)
     for p in _position_parameters(model):
         p.data.copy_(p.data + 0.3 * torch.randn(p.shape, generator=g) * p.data.abs().mean())
@@ -106,6 +136,18 @@ def test_kept_tables_follow_values_written_through_data(encoding):
     fresh = _reloaded(model, encoding)
     assert torch.equal(after, full_log_probs(fresh, *batch))
     assert torch.equal(stepwise, incremental_log_probs(fresh, *batch))
+    assert not any(a is b for a, b in zip(_kept(model), before))  # rebuilt, not reused
+
+
+@pytest.mark.parametrize("encoding", NOT_KEEPING)
+@torch.no_grad()
+def test_encodings_without_kept_tables_keep_nothing(encoding):
+    """learned and shaw look their parameters up in every forward: no table, no solution, nothing
+    remembered to compare (were one added, it belongs in the test above)."""
+    model = _model(encoding)
+    _keep_tables(model, _batch(model))
+    assert _kept(model) == []
+    assert all(stack.position_encoding._kept_from.empty for stack in (model.encoder, model.decoder))
 
 
 @torch.no_grad()
@@ -166,14 +208,29 @@ def test_a_frozen_model_keeps_its_tables_while_another_model_steps(encoding):
     assert not any(a is b for a, b in zip(kept(student), student_kept))
 
 
-def test_every_optimizer_step_is_counted_fairseq_adam_included():
-    from fairseq_posenc.update_hooks import optimizer_steps
+def test_a_kept_key_holds_every_plain_setting_none_included_and_no_object():
+    """A setting that is None (FLOATER's --floater-step unset) is in the key like any other, so
+    that setting it later does not reuse what was kept; objects that are not values are left out
+    (their identity would make every forward recompute)."""
+    from fairseq_posenc.positions.kept import configuration
 
-    p = torch.nn.Parameter(torch.ones(3))
-    optimizer = Adam([p], lr=0.1)
-    p.grad = torch.ones(3)
-    before = optimizer_steps()
-    optimizer.step()
-    optimizer.step()
-    assert optimizer_steps() == before + 2
-    assert p._version == 0  # fairseq's Adam wrote through p.data: the version counter cannot tell
+    module = torch.nn.Linear(2, 2)
+    module.step, module.dt, module.sizes, module.schedule, module._private = None, 0.1, [1, 2], object(), 3
+    settings = dict(configuration(module))
+    assert settings[".step"] is None and settings[".dt"] == 0.1 and settings[".sizes"] == (1, 2)
+    assert ".schedule" not in settings and "._private" not in settings and ".training" not in settings
+    assert settings[""] == "Linear"
+
+
+def test_state_dicts_are_for_saving_except_inside_not_saving():
+    """FLOATER brings its kept solution up to date for a state dict that is saved, not for the
+    two fairseq's EMA reads every update (kept.not_saving); nested uses keep it off until the last ends."""
+    from fairseq_posenc.positions import kept
+
+    assert kept.saving()
+    with kept.not_saving():
+        assert not kept.saving()
+        with kept.not_saving():
+            assert not kept.saving()
+        assert not kept.saving()
+    assert kept.saving()

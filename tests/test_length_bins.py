@@ -59,6 +59,26 @@ def test_bad_corpora_get_one_clear_line_and_exit_2(tmp_path, problem, message):
     assert not (tmp_path / "out" / "train.en").exists()
 
 
+def test_lengths_only_says_what_a_short_to_long_split_trains_on_and_tests_and_writes_nothing(tmp_path):
+    """Lengths 1..100 once each: 49 shorter than 50; [50,60) 10, [60,80) 20, [80,inf) 21."""
+    text = tmp_path / "train.de"
+    text.write_text("".join(" ".join(["w"] * n) + "\n" for n in range(1, 101)))
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "length_split.py"), "--src", str(text),
+                           "--lengths-only", "--train-below", "50", "--bins", "50", "60", "80"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f"| {text}: 100 sentences, mean 50.5 tokens, longest 100; 50th percentile 50, 90th percentile 90" in proc.stdout
+    assert "| shorter than 50 (trained on): 49 (49.00%)" in proc.stdout
+    assert ("| [50,60): 10 sentences (tested)\n| [60,80): 20 sentences (tested)\n| [80,inf): 21 sentences (tested)"
+            in proc.stdout)
+    assert os.listdir(tmp_path) == ["train.de"]
+    # a split needs its other arguments
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "length_split.py"), "--src", str(text)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "the following arguments are required: --tgt, --src-lang, --tgt-lang, --out-dir" \
+        in proc.stderr
+
+
 def test_a_line_ends_at_newline_only_so_pairs_stay_aligned(tmp_path):
     # U+2028 and U+0085 split a line for str.splitlines, not for fairseq-preprocess
     (tmp_path / "c.en").write_text("a\u2028b c\nd\u0085e\n", encoding="utf-8")

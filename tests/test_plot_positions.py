@@ -13,6 +13,7 @@ from fairseq_posenc.positions.diet_abs import DietAbs
 from fairseq_posenc.positions.diet_rel import DietRel
 from fairseq_posenc.positions.rope import RotaryPositionEncoding, rope_angles
 from fairseq_posenc.positions.t5 import T5Bias, relative_position_bucket
+from forward_terms import biases_in_a_forward, floater_state, solved_positions
 from tolerances import assert_within, float32_tolerance, magnitude
 from toy import build_model, toy_batch, with_strong_positions
 
@@ -43,12 +44,14 @@ def _expected(model, n):
                 timing = tables[side, "input position embedding", None] if layer else 0
                 term = timing + scheme.depth[layer + 1]
                 tables[side, "term added to the layer's input", layer] = term.expand(n, -1)
-        for layer in range(scheme.num_layers):
-            if hasattr(scheme, "solver"):  # FLOATER and the schemes built on its solution
-                solution = scheme.solver.positions(n)
-                for i, p in enumerate("qkv"):
-                    tables[side, f"self-attention {p} bias", layer] = solution[:n, scheme._state(layer, "self", i)]
-            elif hasattr(scheme, "rel_k"):
+        if hasattr(scheme, "solver"):  # FLOATER and RNN: what their attention adds in a forward, not the
+            # solution the plot reads (test_floater_and_rnn_plot_the_solution_of_their_equations checks its values)
+            for (where, role, layer), (terms, bound) in biases_in_a_forward(model, n).items():
+                for p, term in zip("qkv", terms):
+                    if where == side and term is not None:
+                        tables[side, f"{role}-attention {p} bias", layer] = (term, bound)
+        for layer in range(0 if hasattr(scheme, "solver") else scheme.num_layers):
+            if hasattr(scheme, "rel_k"):
                 tables[side, "Shaw a^K (key term)", layer] = scheme.rel_k[layer]
                 tables[side, "Shaw a^V (value term)", layer] = scheme.rel_v[layer]
             elif isinstance(scheme, T5Bias):
@@ -60,7 +63,7 @@ def _expected(model, n):
                 tables[side, "attention bias by offset", layer] = bias.expand(scheme.num_heads, -1)
             elif type(scheme).__name__ == "ALiBi":
                 tables[side, "attention bias by offset", layer] = alibi_bias(alibi_slopes(scheme.num_heads), offsets,
-                                                                             scheme.form)
+                                                                             scheme.bias_form)
             elif isinstance(scheme, DietAbs):
                 group, s = (0 if scheme.sharing == "layers" else layer), scheme.bias_scale
                 m = min(n, scheme.max_positions)
@@ -79,7 +82,14 @@ def _check_against_the_model(model, arrays, n=N):
         for side, layer in entry.where:
             key = next((k for k in expected if k[0] == side and k[2] == layer and name.endswith(k[1])), None)
             assert key is not None, f"{name}: no table of the model to check it against (add one to _expected)"
-            table = expected[key].detach().float()
+            table = expected[key]
+            if isinstance(table, tuple):  # a difference of two projections: rounded once each
+                table, bound = table
+                assert entry.array.shape == tuple(table.shape), name
+                assert np.abs(entry.array - table.numpy()).max() <= bound, name
+                checked.add(key)
+                continue
+            table = table.detach().float()
             if key[1] == "attention bias":  # P_Q P_K^T: a sum of rank products, in another order than the model's
                 tolerance = float32_tolerance(model.encoder.position_encoding.rank, magnitude(table) ** 2)
                 assert_within(torch.from_numpy(entry.array), table, tolerance, name)
@@ -97,6 +107,29 @@ def test_the_plotted_arrays_are_the_models_own_tables(encoding, tmp_path):
     panels = plot_positions.plot(arrays, str(tmp_path / "p.png"), encoding)
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (panels == 0) == (encoding == "none") == (not arrays)
+
+
+@pytest.mark.parametrize("encoding", ["floater", "rnn"])
+def test_floater_and_rnn_plot_the_solution_of_their_equations(encoding):
+    """Each plotted q, k, v bias is p_i of its block's state, solved here from the equations (a
+    float64 adaptive solve of FLOATER's ODE, the RNN's recurrence by hand), the states laid out
+    as FLOATER's: not read from the scheme's solution or its state index, which the plot calls."""
+    model = with_strong_positions(build_model("transformer_posenc", "--position-encoding", encoding))
+    scheme = model.encoder.position_encoding
+    solved = solved_positions(scheme.solver, N)
+    arrays = plot_positions.position_arrays(model, N)
+    seen = set()
+    for name, entry in arrays.items():
+        if "-attention " not in name:
+            continue  # fairseq's sinusoidal input embedding (checked above)
+        role, p = name.split("-attention ")[0].split()[-1], name.split("-attention ")[1][0]
+        for side, layer in entry.where:
+            state = floater_state(scheme, side, role, layer, "qkv".index(p))
+            expected = solved[:, state].float()
+            # float32 against float64: FLOATER's rk4 (step dt / 5) and each RNN step round by a few u
+            assert_within(torch.from_numpy(entry.array), expected, 1e-4 * magnitude(expected, floor=1), name)
+            seen.add(state)
+    assert seen == set(range(scheme.solver.initial.size(0)))  # every state plotted, each once
 
 
 @pytest.mark.parametrize("encoding", ["sinusoidal", "learned"])

@@ -17,8 +17,7 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(REPO, "recipes")
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-from wmt_data import read_sources  # noqa: E402
+from fairseq_posenc.recipe.wmt_data import read_sources  # noqa: E402
 
 # the names fairseq's prepare-wmt14en2*.sh and the WMT sites use (wmt18: both test archives are
 # test.tgz upstream, kept under the year's name)
@@ -295,6 +294,8 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     png = (out / "bleu_by_length.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "floater" / "floater" / "averaged_last2.pt").exists()
+    # the rows are named by the decoded checkpoints' own labels (fairseq_posenc/labels.py)
+    assert (out / "floater" / "evaluated_checkpoint.txt").read_text() == f"{out}/floater/floater/averaged_last2.pt\n"
     # FLOATER's control (VANILLA_CONTINUED=1 by default here): the vanilla model trained on from the
     # same checkpoint with stage 2's schedule, without FLOATER, decoded and reported against it
     assert "== 2/3 control: the vanilla model trained on from" in stdout
@@ -387,7 +388,7 @@ def test_bad_raw_corpus_gets_one_line_and_exit_2(tmp_path, problem, message):
 def test_published_checksum_mismatch_stops(tmp_path):
     """The generated test-full.tgz is not the official file: its md5 (sacrebleu's) must not match."""
     write_archives("wmt14_en_de", str(tmp_path / "raw"), "en", "de")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "wmt_data.py"), "fetch", "--sources",
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "fairseq_posenc", "recipe", "wmt_data.py"), "fetch", "--sources",
                            os.path.join(RECIPES, "wmt14_en_de", "sources"), "--raw-dir", str(tmp_path / "raw"),
                            "--no-download"], capture_output=True, text=True)
     assert proc.returncode == 2
@@ -439,7 +440,7 @@ def test_train_refuses_the_cpu_unless_asked_and_keeps_the_papers_batch_on_1_and_
     del env["DEVICE"]
     proc = run("wmt14_en_de/train.sh", ["--dry-run"], env=env)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("train_plan.py: error: no GPU visible (torch.cuda.device_count() is 0): a WMT-size "
+    assert proc.stderr.strip() == ("plan.py: error: no GPU visible (torch.cuda.device_count() is 0): a WMT-size "
                                    "stage would take weeks on CPU; set DEVICE=cpu to run it there anyway")
     for gpus, freq in (("1", 8), ("8", 1)):
         proc = run("wmt14_en_de/train.sh", ["--dry-run"], env={**env, "NUM_GPUS": gpus, "SAVE_INTERVAL_UPDATES": "7"})
@@ -491,9 +492,11 @@ def test_prepare_rerun_with_another_bpe_size_redoes_bpe_and_what_follows(prepare
     args = [a if a != str(base / "data") else str(tmp_path / "data") for a in args]
     out = ok(run("wmt14_en_de/prepare.sh", args, {**env, "BPE_SIZE": "80"}))
     assert out.count("done before, skipping") == 3  # extract, tokenize, split
-    assert "== [5/8] learn joint subword-nmt (80): redoing (settings changed: size 60 -> 80)" in out
+    assert "== [5/8] learn joint subword-nmt (80): redoing (settings changed: var.BPE_SIZE 60 -> 80)" in out
     assert "== [6/8] apply subword-nmt: redoing (step learn_bpe ran again since)" in out
-    assert "== [8/8] fairseq-preprocess --joined-dictionary" in out and "redoing (step clean ran again since)" in out
+    # preprocess writes BPE_SIZE into corpus.env: its own setting changed, besides the step before it
+    (line,) = [x for x in out.splitlines() if x.startswith("== [8/8] fairseq-preprocess --joined-dictionary")]
+    assert line.endswith(": redoing (settings changed: var.BPE_SIZE 60 -> 80)"), line
     assert "BPE_SIZE=80" in (tmp_path / "data" / "corpus.env").read_text()
     # more merges: fewer, longer subwords than the 60-merge corpus
     old, new = (sum(len(line.split()) for line in lines(d / "train.en")) for d in (base / "data", tmp_path / "data"))
@@ -505,7 +508,7 @@ def test_prepare_rerun_on_a_copy_of_the_archives_skips_every_step_and_keeps_a_co
     """The archives copied to other storage (another path, new dates) are the same archives: the
     extraction is keyed by their content, so a re-run skips all 7 steps. A corpus whose marker holds
     the earlier size-and-date key of these same archives is kept too (issue 31, item 6)."""
-    import wmt_data
+    from fairseq_posenc.recipe import wmt_data
 
     base, _, args, env = prepared("wmt14_en_de")
     shutil.copytree(base / "raw", tmp_path / "cluster", copy_function=shutil.copy)
@@ -590,26 +593,33 @@ def test_extrapolation_dry_run_plans_each_model_with_its_own_defaults_and_a_new_
         prepared, tmp_path):
     """--dry-run splits and binarizes (the plan counts updates per epoch from the short-pair
     corpus) and prints each model's plan, training nothing. With ARCH=big sinusoidal averages
-    20 and FLOATER 5: one encoding's defaults must not carry over to the next. A re-run with other
-    BINS redoes the split, leaving no bin file of the old BINS behind."""
+    20 and FLOATER 5: one encoding's defaults must not carry over to the next. FLOATER and RNN
+    start from one vanilla stage, which the totals count once. A re-run with other BINS redoes the
+    split, leaving no bin file of the old BINS behind."""
     base, _, _, _ = prepared("wmt14_en_de")
     out = tmp_path / "extrapolation"
     env = {k: v for k, v in TRAIN_ENV.items() if k not in ("AVERAGE", "MAX_EPOCH")}
-    env.update({"DATA": str(base / "data"), "OUT": str(out), "ENCODINGS": "sinusoidal floater learned",
+    env.update({"DATA": str(base / "data"), "OUT": str(out), "ENCODINGS": "sinusoidal floater rnn learned",
                 "ARCH": "big", "MAX_UPDATE": "400", "SAVE_INTERVAL_UPDATES": "5", "TRAIN_BELOW": "12",
                 "BINS": "12 15 18", "UNIT": "words"})
     stdout = ok(run("extrapolation/run.sh", ["--dry-run"], env=env))
     plans = re.findall(r"\| averaged: updates ([\d, ]+) \(", stdout)
-    # sinusoidal (big: last 20), FLOATER (its paper: last 5), learned (big again: last 20)
-    assert [len(p.split(", ")) for p in plans] == [20, 5, 20]
-    # the dry run adds up every model's stages (FLOATER's two among them) and checks the disk once
+    # sinusoidal (big: last 20), FLOATER and RNN (FLOATER's paper: last 5), learned (big again: last 20)
+    assert [len(p.split(", ")) for p in plans] == [20, 5, 5, 20]
+    # the dry run adds up every model's stages (FLOATER's and RNN's two among them) and checks the disk once
     ends = [int(n) for n in re.findall(r"\| stage \S+: ends at its update (\d+) ", stdout)]
-    assert len(ends) == 4 and ends[0] == ends[3] == 400
-    # and FLOATER's control (VANILLA_CONTINUED=1 by default here): its stage 2 once more
-    control = int(re.search(r"\| control stage vanilla_continued: stage floater's schedule from the same start, "
-                            r"without it: (\d+) more updates", stdout).group(1))
-    assert control == ends[2]
-    assert f"| total for 3 model(s): {sum(ends) + control} updates, about " in stdout
+    assert len(ends) == 6 and ends[0] == ends[5] == 400 and ends[1] == ends[3]
+    vanilla = {line.split()[4] for line in stdout.splitlines() if line.startswith("== 1/3 vanilla stage: ")}
+    assert len(vanilla) == 1 and os.path.dirname(vanilla.pop()) == str(out / "shared")
+    # and FLOATER's and RNN's controls (VANILLA_CONTINUED=1 by default here): their stage 2 once more
+    controls = [int(n) for n in re.findall(r"\| control stage vanilla_continued: stage (?:floater|rnn)'s schedule "
+                                           r"from the same start, without it: (\d+) more updates", stdout)]
+    assert controls == [ends[2], ends[4]]
+    control = sum(controls)
+    # the vanilla stage FLOATER and RNN share counts once
+    assert re.search(rf"\| total for 4 model\(s\): {sum(ends) + control - ends[3]} updates, about [\d.]+ [KMGT]?B of "
+                     rf"checkpoints; vanilla-big-\w+ \({ends[3]} updates\) shared by 2 models, counted once\n", stdout), \
+        stdout
     assert re.search(r"\| disk: they need about [\d.]+ [KMGT]?B; [\d.]+ [KMGT]?B free on the filesystem of ", stdout)
     assert not (out / ".plan_totals").exists()
     assert stdout.count("== --dry-run: nothing trained") >= 3 and "== --dry-run: nothing trained, no report" in stdout
@@ -619,7 +629,7 @@ def test_extrapolation_dry_run_plans_each_model_with_its_own_defaults_and_a_new_
         "long.12-15.en", "long.15-18.en", "long.18-inf.en"]
 
     stdout = ok(run("extrapolation/run.sh", ["--dry-run"], env={**env, "BINS": "12 20"}))
-    assert re.search(r"== \[split\] .*: redoing \(.*bins", stdout), stdout
+    assert re.search(r"== \[split\] .*: redoing \(settings changed: var\.BINS 12 15 18 -> 12 20\)", stdout), stdout
     assert re.search(r"== \[preprocess\] .*: redoing", stdout), stdout
     assert sorted(p.name for p in (out / "split").glob("long.*.en")) == ["long.12-20.en", "long.20-inf.en"]
     long_pairs = sum(len(lines(p)) for p in (out / "split").glob("long.*-*.en"))

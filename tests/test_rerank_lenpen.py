@@ -1,4 +1,4 @@
-"""scripts/rerank_lenpen.py: GNMT's length penalty by reranking fairseq's n-best list.
+"""fairseq_posenc/recipe/rerank.py: GNMT's length penalty by reranking fairseq's n-best list.
 
 The method: fairseq's beam search finalizes the same hypotheses whatever --lenpen is (the penalty
 only divides the score stored with a finished hypothesis, which orders the final list), so the
@@ -18,11 +18,10 @@ from tolerances import float32_tolerance
 from toy import TINY
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RERANK = os.path.join(REPO, "scripts", "rerank_lenpen.py")
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-import rerank_lenpen  # noqa: E402
-from rerank_lenpen import length_penalty  # noqa: E402
-from score_translation import load_generation  # noqa: E402
+RERANK = os.path.join(REPO, "fairseq_posenc", "recipe", "rerank.py")
+from fairseq_posenc.recipe import rerank as rerank_lenpen  # noqa: E402
+from fairseq_posenc.recipe.rerank import length_penalty  # noqa: E402
+from fairseq_posenc.recipe.scoring import load_generation  # noqa: E402
 
 BEAM = 5
 ALPHA = 0.6
@@ -219,7 +218,7 @@ def test_fairseq_form_reproduces_lenpen(decoded):
     for sid, ours in _sentences(decoded["rerank_fairseq"]).items():
         if ours.hypotheses[0].text == theirs[sid].text:
             assert abs(ours.hypotheses[0].score - theirs[sid].score) <= float32_tolerance(3, abs(theirs[sid].score))
-    # and score_translation.py reads the reranked file as it reads fairseq's
+    # and scoring.py reads the reranked file as it reads fairseq's
     a, b = load_generation(str(decoded["rerank_fairseq"])), load_generation(str(decoded["lenpen"]))
     assert (a.ids, a.sources, a.references) == (b.ids, b.sources, b.references) and len(a.hypotheses) == 60
     assert sum(x == y for x, y in zip(a.hypotheses, b.hypotheses)) == exact

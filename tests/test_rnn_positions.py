@@ -13,8 +13,9 @@ from fairseq.data import Dictionary
 
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.positions.rnn import RNNPositions
+from forward_terms import biases_in_a_forward, floater_state, solved_positions
 from tolerances import assert_within, float32_tolerance, float64_tolerance, magnitude
-from toy import TINY, build_model, full_log_probs, incremental_log_probs, toy_batch, toy_dictionary
+from toy import TINY, build_model, full_log_probs, incremental_log_probs, toy_batch, toy_dictionary, with_strong_positions
 
 # (--rnn-layers, --rnn-input): Table 6's three forms
 FORMS = [(1, "scalar"), (2, "scalar"), (1, "vector")]
@@ -25,15 +26,32 @@ def rnn(layers, inputs, *flags, seed=1, task=None):
                        "--rnn-input", inputs, *flags, seed=seed, task=task)
 
 
-def test_parameters_at_d512_are_table_6s_where_a_layer_is_one_linear_map():
-    def count(layers, vector):
-        positions = RNNPositions(36, 512, layers, vector, dt=0.1)
-        assert positions.initial.shape == (36, 512)  # per-block states, excluded as in the paper's 526.3K
-        return sum(p.numel() for name, p in positions.named_parameters() if name != "initial")
+BASE = ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "512", "--decoder-embed-dim", "512",
+        "--encoder-attention-heads", "8", "--decoder-attention-heads", "8"]
 
-    assert count(1, False) == 263_168  # Linear(513 -> 512): the paper's 263.2K
-    assert count(2, False) == 526_336  # two of them: its 526.3K, FLOATER's h
-    assert count(1, True) == 524_800  # Linear(1024 -> 512); the paper prints 1,050.0K (docs/floater.md)
+
+def _position_parameters(model):
+    """Table 6's count: every parameter of the model that serves position, as named in the model
+    (the encoder's, the decoder's, fairseq's input embeddings'), less the per-block initial states,
+    which the paper's 526.3K for FLOATER leaves out; and the initial states' count."""
+    named = {name: p.numel() for name, p in model.named_parameters()
+             if "position" in name or "embed_positions" in name}
+    initial = sum(n for name, n in named.items() if name.endswith(".initial"))
+    return sum(named.values()) - initial, initial
+
+
+def test_the_models_position_parameters_at_d512_are_table_6s():
+    """The base model (6 + 6 layers, d = 512), as the paper counts: the encoder's RNN (or h) only,
+    the decoder sharing it, the sinusoidal input embedding without parameters."""
+    def count(*flags):
+        return _position_parameters(build_model("transformer_posenc", *BASE, *flags))
+
+    states = 36 * 512  # q, k, v of 6 + 6 self-attention blocks
+    assert count("--position-encoding", "floater") == (526_336, states)  # the paper's 526.3K
+    assert count("--position-encoding", "rnn", "--rnn-layers", "1") == (263_168, states)  # Linear(513 -> 512): 263.2K
+    assert count("--position-encoding", "rnn", "--rnn-layers", "2") == (526_336, states)  # two of them: 526.3K
+    # Linear(1024 -> 512); the paper prints 1,050.0K (docs/floater.md)
+    assert count("--position-encoding", "rnn", "--rnn-input", "vector") == (524_800, states)
     with pytest.raises(ValueError, match="--rnn-layers must be 1 or 2"):
         RNNPositions(36, 512, 3, False, dt=0.1)
 
@@ -52,12 +70,31 @@ def test_flags_it_would_ignore_are_refused(flags, message):
     assert str(e.value).startswith(message), str(e.value)
 
 
-def test_the_biases_sit_where_floaters_do():
-    model = rnn(1, "scalar")  # 2 + 2 layers: q, k, v of each self-attention
-    positions = model.encoder.position_encoding.ode
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_biases_sit_where_floaters_do(layers):
+    """What the model's attention adds to each q, k, v in a forward is p_i of the recurrence
+    (written out in forward_terms.py, float64) from the block's own initial state, laid out as
+    FLOATER's: the encoder's blocks, then the decoder's; the decoder reads the encoder's."""
+    model = with_strong_positions(rnn(layers, "scalar"))  # 2 + 2 layers: q, k, v of each self-attention
+    scheme = model.encoder.position_encoding
+    positions = scheme.ode
     assert positions.initial.shape == (3 * 2 + 3 * 2, 32)
     assert model.decoder.position_encoding.solver is positions
     assert not any("decoder.position_encoding" in name for name, _ in model.named_parameters())
+    n = 12
+    solved = solved_positions(positions, n)
+    states = []
+    for (side, role, layer), (terms, _) in biases_in_a_forward(model, n).items():
+        if role == "cross":
+            assert terms == (None, None, None)  # --floater-cross-attention is off
+            continue
+        for i, term in enumerate(terms):
+            state = floater_state(scheme, side, role, layer, i)
+            expected = solved[:, state].float()
+            # a chain of n tanh steps in float32 against float64, plus the forward's own rounding
+            assert_within(term, expected, 1e-5 * magnitude(expected, floor=1), (side, layer, "qkv"[i]))
+            states.append(state)
+    assert sorted(states) == list(range(12))
 
 
 def _strong(positions, seed=0):
@@ -188,6 +225,7 @@ def test_a_warm_started_two_layer_vector_rnn_trains_and_decodes_through_fairseqs
         source_dictionary = target_dictionary = dictionary
 
     vanilla = _save(build_model("transformer_posenc", task=Task()), tmp_path / "vanilla.pt")
+    vanilla_state = torch.load(vanilla)["model"]
     save_dir = str(tmp_path / "rnn")
     pipeline.train(data_bin, save_dir, [
         "--arch", "transformer_rnn_wmt_en_de", "--rnn-layers", "2", "--rnn-input", "vector", "--floater-init-from",
@@ -203,8 +241,23 @@ def test_a_warm_started_two_layer_vector_rnn_trains_and_decodes_through_fairseqs
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     args = state["cfg"]["model"]
     assert (args.position_encoding, args.rnn_layers, args.rnn_input, args.floater_init_from) == ("rnn", 2, "vector", None)
+    assert state["optimizer_history"][-1]["num_updates"] == 6
     prefix = "encoder.position_encoding.ode."
-    # the output layer, zeroed by the warm start, was trained by fairseq's trainer
-    assert state["model"][prefix + "layers.1.fc.weight"].abs().max() > 0
-    # the checkpoint carries the solution of its parameters: decoding solves nothing it covers
-    assert state["model"][prefix + "solution"].shape[0] >= 11 and math.isfinite(state["model"][prefix + "solution"].sum())
+    trained = {k[len(prefix):]: v for k, v in state["model"].items() if k.startswith(prefix)}
+    # every weight the warm start zeroed was trained by fairseq's trainer (the rest stays random)
+    for name in ("initial", "layers.1.z.weight", "layers.1.fc.bias", "layers.1.fc.weight"):
+        assert trained[name].abs().max() > 0, name
+    # the model around the RNN is the vanilla one's, trained on: the warm start copied it, and 6
+    # Adam steps of lr 1e-3 moved each weight by about 0.006 at most (a new initialisation is
+    # uniform in +-0.2 at this size)
+    moved = max((state["model"][k] - vanilla_state[k]).abs().max().item() for k in vanilla_state
+                if not k.startswith(prefix) and vanilla_state[k].is_floating_point())
+    assert 0 < moved < 0.05, moved
+    # the checkpoint carries the solution of its final parameters (decoding solves nothing it
+    # covers): the recurrence written out (forward_terms.py) from the saved weights
+    solution = trained.pop("solution")
+    positions = RNNPositions(solution.size(1), solution.size(2), 2, True, dt=0.1)
+    positions.load_state_dict(trained, strict=False)  # the weights (no solution: none to reuse)
+    assert solution.shape[0] >= 11
+    assert_within(solution, solved_positions(positions, solution.size(0)).float(), 1e-4)
+    assert solution[1:].abs().max() > 0  # the biases are not the warm start's zeros any more

@@ -1,15 +1,13 @@
-"""scripts/score_translation.py score: tokenized BLEU splits compounds for German targets only
+"""fairseq_posenc/recipe/scoring.py score: tokenized BLEU splits compounds for German targets only
 (the En-De convention), and the results line says which was done."""
 import json
 import os
-import sys
 
 import pytest
 from sacrebleu.metrics import BLEU
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-import score_translation  # noqa: E402
+from fairseq_posenc.recipe import scoring as score_translation  # noqa: E402
 
 # one Moses-tokenized (aggressive: "@-@") pair with two compounds, one of them half wrong
 HYP = "le chat @-@ noir de la grande @-@ maison voit un arbre vert ."

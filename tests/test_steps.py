@@ -1,12 +1,11 @@
-"""scripts/steps.py: a step is redone when its settings change, its marker is gone, or the step
+"""fairseq_posenc/recipe/steps.py: a step is redone when its settings change, its marker is gone, or the step
 before it ran again; and so, in turn, is every step after it."""
 import os
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-import steps  # noqa: E402
+from fairseq_posenc.recipe import steps  # noqa: E402
 
 CHAIN = [("extract", "", {"pair": "en-de"}), ("tokenize", "extract", {}), ("learn_bpe", "tokenize", {"size": "60"}),
          ("apply_bpe", "learn_bpe", {}), ("clean", "apply_bpe", {"ratio": "1.5"})]
@@ -56,3 +55,41 @@ def test_command_line_exit_status_and_reason(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         steps.main(["check", *args[:-1], "size=80"])
     assert e.value.code == 1 and capsys.readouterr().out == "settings changed: size 60 -> 80\n"
+
+
+RECIPE_STEP = r"""
+source "$ROOT/recipes/common.sh"
+WORK="$1"; PYTHON="$ROOT/.venv/bin/python"
+_make() { echo "$GREETING ${SIZE:-3} $(_suffix)" > "$WORK/out"; }
+_suffix() { echo "${SUFFIX:-!} $CORPUS"; }
+BODY
+step make "make it" _make
+"""
+
+
+def _recipe_step(work, body="", **env):
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = RECIPE_STEP.replace("BODY", body)
+    proc = subprocess.run(["bash", "-c", script, "bash", str(work)], capture_output=True, text=True,
+                          env={**os.environ, "ROOT": root, "GREETING": "hi", "CORPUS": "/data/a", **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()[0]
+
+
+def test_a_recipe_step_is_keyed_by_its_functions_source_and_the_settings_they_read(tmp_path):
+    """recipes/common.sh's step derives its key from the step itself, with no list of settings to
+    keep: a setting read by its function or by a function that one runs (SUFFIX) redoes it, and so
+    does an edit of either function; a location (a value with a "/": its content is declared as an
+    input) and the workers' count do not."""
+    assert _recipe_step(tmp_path) == "== make it"
+    assert _recipe_step(tmp_path) == "== make it: done before, skipping (delete %s/.done/make to redo)" % tmp_path
+    assert _recipe_step(tmp_path, GREETING="hello") == "== make it: redoing (settings changed: var.GREETING hi -> hello)"
+    assert _recipe_step(tmp_path, GREETING="hello", SUFFIX="?") == (
+        "== make it: redoing (settings changed: var.SUFFIX  -> ?)")
+    same = dict(GREETING="hello", SUFFIX="?")
+    assert "skipping" in _recipe_step(tmp_path, CORPUS="/data/b", WORKERS="7", **same)
+    changed = _recipe_step(tmp_path, body='_suffix() { echo "${SUFFIX:-!}! $CORPUS"; }', **same)
+    assert changed.startswith("== make it: redoing (settings changed: step.source "), changed
+    assert "skipping" in _recipe_step(tmp_path, body='_suffix() { echo "${SUFFIX:-!}! $CORPUS"; }', **same)

@@ -268,6 +268,8 @@ def test_an_aa_test_of_one_models_seeds_stars_at_about_the_nominal_5_percent():
         a, a2 = _simulated_seeds(metric, refs, 3, 0.3, 0.02, rng), _simulated_seeds(metric, refs, 3, 0.3, 0.02, rng)
         test = compare_seeds(a, a2, metric, n_samples=200)
         starred += test["significant"]
+        # the * is the interval's and the p-value's: one test, whichever is printed
+        assert test["significant"] == (test["low"] > 0 or test["high"] < 0) == (test["p_value"] < 0.05), test
         sentence_only += test["sentences_only"]["significant"]
         se2.append(_se2(test))
         d2.append(test["difference"] ** 2)

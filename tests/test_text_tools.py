@@ -1,11 +1,11 @@
-"""scripts/text_tools.py: lines end at "\\n" only, input is streamed, bad input gets one line."""
+"""fairseq_posenc/recipe/text.py: lines end at "\\n" only, input is streamed, bad input gets one line."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "text_tools.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_posenc", "recipe", "text.py")
 
 
 def _run(*args, stdin: bytes = b""):
@@ -30,7 +30,7 @@ def test_tokenize_keeps_one_output_line_per_input_line_whatever_the_unicode_sepa
 def test_tokenize_refuses_input_that_is_not_utf8_with_one_line(workers):
     proc = _run("tokenize", "--lang", "de", "--workers", workers, stdin="Weg\nStra\xdfe\n".encode("latin-1"))
     assert proc.returncode == 2
-    assert proc.stderr.decode().strip() == ("text_tools.py tokenize: error: input is not UTF-8 "
+    assert proc.stderr.decode().strip() == ("text.py tokenize: error: input is not UTF-8 "
                                            "(line 2: invalid continuation byte at byte 4)")
 
 
@@ -75,8 +75,8 @@ def test_clean_streams_its_input_and_refuses_unequal_files_leaving_no_output(tmp
     src.write_text("a b c d e f g h\n" * 200_000)
     tgt.write_text("a b c d e f g\n" * 199_999 + "a\n")
     out = [tmp_path / n for n in ("o.en", "o.de", "t.en", "t.de")]
-    code = ("import resource, sys\nimport text_tools\nrc = 0\n"
-            "try:\n    text_tools.main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
+    code = ("import resource, sys\nimport text\nrc = 0\n"
+            "try:\n    text.main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\nsys.exit(rc)")
     args = ["clean", "--src", str(src), "--tgt", str(tgt), "--out-src", str(out[0]), "--out-tgt", str(out[1]),
             "--also", str(src), str(tgt), "--also-out", str(out[2]), str(out[3])]
@@ -84,7 +84,7 @@ def test_clean_streams_its_input_and_refuses_unequal_files_leaving_no_output(tmp
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, env=env)
     assert proc.returncode == 0, proc.stderr.decode()
     assert "kept 199999 of 200000 pairs" in proc.stderr.decode()  # the last pair's ratio is 8
-    baseline = subprocess.run([sys.executable, "-c", "import resource, text_tools; "
+    baseline = subprocess.run([sys.executable, "-c", "import resource, text; "
                                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"], capture_output=True, env=env)
     grown_kb = int(proc.stdout.split()[-1]) - int(baseline.stdout.split()[-1])
     assert grown_kb < 15_000, grown_kb  # measured: 1.1 MB streamed; 67 MB when the files were read into lists
@@ -95,6 +95,6 @@ def test_clean_streams_its_input_and_refuses_unequal_files_leaving_no_output(tmp
         path.unlink()
     proc = _run(*args)
     assert proc.returncode == 2
-    assert proc.stderr.decode().strip() == (f"text_tools.py clean: error: {src} has 200000 lines but {tgt} "
+    assert proc.stderr.decode().strip() == (f"text.py clean: error: {src} has 200000 lines but {tgt} "
                                             "has 199999")
     assert not any(p.exists() for p in out) and sorted(os.listdir(tmp_path)) == ["c.de", "c.en"]

@@ -61,7 +61,7 @@ VALUES = {
     "adaptive_softmax_cutoff": "100,200", "adaptive_softmax_dropout": "0.1", "quant_noise_pq": "0.1",
     "quant_noise_scalar": "0.1", "relu_dropout": "0.1", "segment_separator": "<s2>", "position_blocks": "all",
     "position_sharing": "layer", "diet_rank": "4", "max_relative_distance": "8", "alibi_encoder": "crossed",
-    "floater_solver": "euler", "floater_lr_scale": "2.0", "floater_step": "0.05", "floater_hidden": "16", "floater_init_from": "{tmp}/v.pt",
+    "floater_solver": "euler", "floater_lr_scale": "2.0", "floater_dissipation": "1.0", "floater_step": "0.05", "floater_hidden": "16", "floater_init_from": "{tmp}/v.pt",
     "data": "{tmp}/copy-of-data", "source_lang": "de", "target_lang": "en", "eval_bleu_args": '{"beam": 2}',
     "eval_bleu_detok": "moses", "eval_bleu_detok_args": '{"target_lang": "de"}', "eval_bleu_remove_bpe": "@@ ",
     "adam_betas": "(0.9, 0.99)", "weight_decay": "0.01", "warmup_init_lr": "1e-6", "label_smoothing": "0.2",
@@ -308,3 +308,43 @@ def test_floaters_stages_get_the_corpus_recipes_settings_unlisted(tmp_path):
         assert argv[argv.index("--eval-bleu-detok-args") + 1] == '{"target_lang": "tgt"}'
     assert "--rnn-layers" not in calls["vanilla"]
     assert calls["rnn"][calls["rnn"].index("--rnn-layers") + 1] == "2"
+
+
+def test_a_cached_resolution_is_the_same_and_any_input_of_the_resolution_keys_it(tmp_path, monkeypatch):
+    """steps.py's cache of resolved configurations (one fairseq import per argument list, not per
+    call): a hit equals a fresh resolution; another argument, another plugin source (a copy of
+    --user-dir with one byte changed) or another fairseq version is another key; the checkpoints
+    a stage starts from are fingerprinted every time, not cached."""
+    start = tmp_path / "start.pt"
+    start.write_bytes(b"one")
+    argv = ["/nodata", "--user-dir", pipeline.USER_DIR, "--task", "translation", "--arch", "transformer_sinusoidal_wmt_en_de",
+            "--optimizer", "adam", "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--criterion",
+            "label_smoothed_cross_entropy", "--max-tokens", "4096", "--max-update", "100",
+            "--finetune-from-model", str(start)]
+    fresh = train_config.resolve(argv, lambda path: open(path, "rb").read().decode())
+    cache = str(tmp_path / "cache")
+    assert train_config.resolve(argv, lambda path: open(path, "rb").read().decode(), cache) == fresh
+    assert len(os.listdir(cache)) == 1
+    calls = []
+    real = train_config._resolve
+    monkeypatch.setattr(train_config, "_resolve", lambda a: calls.append(a) or real(a))
+    start.write_bytes(b"two")  # the start's content is read again: not part of the cached entry
+    hit = train_config.resolve(argv, lambda path: open(path, "rb").read().decode(), cache)
+    assert calls == [] and hit == {**fresh, "inputs.finetune_from_model": "two"}
+    key = train_config.cache_key(argv)
+    assert train_config.cache_key(argv[:-2] + ["--max-update", "101"] + argv[-2:]) != key
+    # a copy of the plugin as --user-dir (keyed, not imported here: fairseq registers a plugin once)
+    user_dir = tmp_path / "plugin"
+    shutil.copytree(pipeline.USER_DIR, user_dir, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    copy = [str(user_dir) if a == pipeline.USER_DIR else a for a in argv]
+    before = train_config.cache_key(copy)
+    assert before != key
+    with open(user_dir / "models" / "__init__.py", "a") as f:
+        f.write("\n")
+    assert train_config.cache_key(copy) != before
+    changed = train_config.cache_key(argv)
+    from importlib import metadata
+
+    real_version = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.0" if name == "fairseq" else real_version(name))
+    assert train_config.cache_key(argv) != changed

@@ -1,4 +1,4 @@
-"""scripts/train_plan.py: the batch per update whatever the GPU count, updates per epoch from the
+"""fairseq_posenc/recipe/plan.py: the batch per update whatever the GPU count, updates per epoch from the
 binarized corpus, which interval checkpoints get averaged (and refusing when too few), the
 device flags of training and decoding, and whether a run reached its target."""
 import os
@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "train_plan.py")
-sys.path.insert(0, os.path.dirname(SCRIPT))
-import train_plan  # noqa: E402
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_posenc", "recipe", "plan.py")
+from fairseq_posenc.recipe import plan as train_plan  # noqa: E402
 
 
 class _Proc:
@@ -20,7 +19,7 @@ class _Proc:
 
 @pytest.fixture
 def run(capsys):
-    """train_plan.py's main in this process (a fairseq import per call would cost seconds)."""
+    """plan.py's main in this process (a fairseq import per call would cost seconds)."""
     def call(*args):
         capsys.readouterr()
         try:
@@ -117,7 +116,7 @@ def test_en_fr_like_corpus_plans_interval_checkpoints_and_refuses_epoch_size_int
     proc = run(*base, "--save-interval-updates", "38")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "train_plan.py: error: stage train ends at update 100 and writes 0 checkpoints every 38 updates "
+        "plan.py: error: stage train ends at update 100 and writes 0 checkpoints every 38 updates "
         "(2 more fall at an epoch's end): too few to average the last 5; lower SAVE_INTERVAL_UPDATES "
         "(at most 20) or AVERAGE, or train longer")
 
@@ -146,7 +145,7 @@ def test_en_fr_like_plan_on_8_gpus_uses_update_freq_1_and_counts_disk(en_fr_like
 def test_stage_with_no_end_is_refused(en_fr_like, run):
     proc = run("plan", "--data-bin", en_fr_like, "--stage", "train", "-", "-", "--gpus", "1")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("train_plan.py: error: stage train has neither a maximum update nor a maximum "
+    assert proc.stderr.strip() == ("plan.py: error: stage train has neither a maximum update nor a maximum "
                                    "epoch: it would never end")
 
 
@@ -222,7 +221,7 @@ def test_check_finished_by_update_and_by_epoch(tmp_path, run):
     assert train_plan.check_finished(ckpt, 500, 3) == f"{ckpt}: finished (epoch 3 of 3, update 100)"
     proc = run("check-finished", "--checkpoint", ckpt, "--max-update", "300000", "--max-epoch", "30")
     assert proc.returncode == 3
-    assert proc.stderr.strip() == (f"train_plan.py: error: {ckpt} stopped at update 100 (epoch 3 finished) before "
+    assert proc.stderr.strip() == (f"plan.py: error: {ckpt} stopped at update 100 (epoch 3 finished) before "
                                    "update 300000 or epoch 30: training is unfinished")
     proc = run("check-finished", "--checkpoint", str(tmp_path / "none.pt"), "--max-update", "1")
     assert proc.returncode == 3 and f"no checkpoint {tmp_path}/none.pt: has training run?" in proc.stderr
@@ -264,7 +263,7 @@ def test_a_world_too_large_for_the_longest_pair_overshoots_and_the_plan_says_so(
     proc = run(*plan)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "train_plan.py: error: 38400 tokens per update is +17.2% from the papers' 32768 at 64 GPU(s) with "
+        "plan.py: error: 38400 tokens per update is +17.2% from the papers' 32768 at 64 GPU(s) with "
         "MAX_TOKENS=600, the longest training pair: train on fewer, or ALLOW_BATCH=1 to train with it (the lr and "
         "the update count stay the papers')")
     proc = run(*plan, "--allow-batch")  # (then refused for its checkpoints: every update ends an epoch here)
@@ -486,7 +485,7 @@ def test_the_plan_refuses_checkpoints_that_do_not_fit_the_disk(en_fr_like, tmp_p
     proc = run(*plan)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        f"train_plan.py: error: the checkpoints need about {train_plan.human_bytes(need)}; 3.0 GB free on the "
+        f"plan.py: error: the checkpoints need about {train_plan.human_bytes(need)}; 3.0 GB free on the "
         f"filesystem of {tmp_path}/runs/x: free some, use another directory, or set ALLOW_LOW_DISK=1 to go on")
     assert ": short (a run stops here unless ALLOW_LOW_DISK=1)" in run(*plan, "--allow-low-disk").stdout
     # checkpoints already there (a run resumed) are replaced, not added
@@ -520,7 +519,7 @@ def test_preparing_a_corpus_is_refused_when_its_estimate_does_not_fit(tmp_path, 
     proc = run("prepare-space", "--work", str(tmp_path / "data"), "--raw-text", str(raw))
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        f"train_plan.py: error: the prepared corpus (9.2x the 2.0 GB of extracted text) needs about 18.4 GB (2.0 GB "
+        f"plan.py: error: the prepared corpus (9.2x the 2.0 GB of extracted text) needs about 18.4 GB (2.0 GB "
         f"already in {tmp_path}/data); 10.0 GB free on the filesystem of {tmp_path}/data: free some, use another "
         "directory, or set ALLOW_LOW_DISK=1 to go on")
 
@@ -597,18 +596,6 @@ def test_the_iwslt_plan_keeps_fairseqs_4096_tokens_and_prints_the_time_on_one_gp
     assert "| tokens per update: 2048 x 2 GPU x update-freq 1 = 4096 padded tokens" in proc.stdout
 
 
-def test_the_length_distribution_says_what_a_short_to_long_split_trains_on_and_tests(tmp_path, run):
-    """Lengths 1..100 once each: 49 shorter than 50; [50,60) 10, [60,80) 20, [80,inf) 21."""
-    text = tmp_path / "train.de"
-    text.write_text("".join(" ".join(["w"] * n) + "\n" for n in range(1, 101)))
-    proc = run("lengths", "--text", str(text), "--train-below", "50", "--bins", "50", "60", "80")
-    assert proc.returncode == 0, proc.stderr
-    assert f"| {text}: 100 sentences, mean 50.5 tokens, longest 100; 50th percentile 50, 90th percentile 90" in proc.stdout
-    assert "| shorter than 50 (trained on): 49 (49.00%)" in proc.stdout
-    assert ("| [50,60): 10 sentences (tested)\n| [60,80): 20 sentences (tested)\n| [80,inf): 21 sentences (tested)"
-            in proc.stdout)
-
-
 # ------------------------------------------------------------------------------------------------
 # many GPUs: a small batch on each is warned about; LARGE_BATCH=1, fairseq's scaling_nmt batch
 @pytest.fixture(scope="module")
@@ -675,7 +662,7 @@ def test_a_small_batch_on_each_gpu_is_warned_with_what_an_update_then_holds(wmt_
 def _dry_run(wmt_like, tmp_path, **env):
     import subprocess
 
-    repo = os.path.dirname(os.path.dirname(SCRIPT))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
     env = {**os.environ, "DATA": str(wmt_like), "OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1",
            "ENC": "sinusoidal", **env}
     return subprocess.run(["bash", "recipes/wmt14_en_de/train.sh", "--dry-run"], cwd=repo, env=env,
@@ -734,3 +721,19 @@ def test_large_batch_mode_is_fairseqs_scaling_nmt_batch_and_lr_and_reaches_the_s
     assert args[args.index("--lr") + 1] == "2e-3" and args[args.index("--warmup-updates") + 1] == "4000"
     refused = _dry_run(wmt_like, tmp_path, LARGE_BATCH="2")
     assert refused.returncode == 2 and refused.stderr.strip().endswith("LARGE_BATCH must be 0 or 1, got '2'")
+
+
+def test_totals_count_a_stage_shared_by_several_models_once(tmp_path, run):
+    """FLOATER's and RNN's variants (Table 2's input/all rows, Table 6's RNN rows) start from one
+    vanilla stage in one directory: the dry run's totals count its updates and checkpoints once."""
+    plans = tmp_path / "plans"
+    shared = str(tmp_path / "shared" / "vanilla-base-abc")
+    plans.write_text(f"{tmp_path}/sinusoidal 400 1000\n"
+                     f"{tmp_path}/floater 700 3000 {shared} 600 900\n"
+                     f"{tmp_path}/rnn 700 3000 {shared} 600 900\n"
+                     f"{tmp_path}/other 650 2900 {tmp_path}/shared/vanilla-base-def 550 800\n")
+    proc = run("totals", "--plans", str(plans), "--out", str(tmp_path), "--allow-low-disk")
+    assert proc.returncode == 0, proc.stderr
+    # 400 + 700 + (700 - 600) + 650; 1000 + 3000 + (3000 - 900) + 2900 bytes
+    assert (f"| total for 4 model(s): 1850 updates, about {train_plan.human_bytes(9000)} of checkpoints; "
+            "vanilla-base-abc (600 updates) shared by 2 models, counted once\n") in proc.stdout

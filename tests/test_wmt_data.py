@@ -1,4 +1,4 @@
-"""scripts/wmt_data.py downloads: a download shorter than its Content-Length never takes the
+"""fairseq_posenc/recipe/wmt_data.py downloads: a download shorter than its Content-Length never takes the
 archive's name; a mirror replaces statmt.org; the fingerprint follows a replaced archive, is the
 same for a copy of the archives elsewhere, and reads an unchanged archive once."""
 import io
@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-import wmt_data  # noqa: E402
+from fairseq_posenc.recipe import wmt_data  # noqa: E402
 
 
 class _Response(io.BytesIO):
@@ -138,7 +137,7 @@ def test_an_extraction_keyed_by_the_old_size_and_date_fingerprint_is_kept_once_u
     """A corpus prepared before the key changed: its extract marker holds the size-and-mtime
     fingerprint. With the same archives (sizes and dates unchanged) the marker gets the content key,
     its stamp kept, and steps.py finds the step done; other archives leave it alone (redone)."""
-    import steps
+    from fairseq_posenc.recipe import steps
 
     _archive_set(tmp_path / "raw")
     done = str(tmp_path / "data" / ".done")

@@ -9,7 +9,9 @@ only where the encoding drops fairseq's input embedding), the fields of its enco
 and with ``--segment-attention`` the fields of the segment bias's ``config``. A new encoding's
 flags are refused with every other encoding as soon as its ``config`` declares them.
 """
+import contextvars
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import FrozenSet, Optional
 
@@ -107,9 +109,40 @@ def _takers(name: str) -> str:
     return ", or ".join(where)
 
 
+#: True while fairseq builds a model from a checkpoint's saved configuration
+_FROM_CHECKPOINT = contextvars.ContextVar("posenc_from_checkpoint", default=False)
+
+
+def load_checkpoints_as_saved():
+    """A checkpoint's saved configuration is rebuilt, never refused: it was accepted when it was
+    trained, or it predates a change of default (ALiBi's encoder form was ``split``, so every
+    checkpoint of that time stores it, whatever its encoding). Every loader of fairseq (generate,
+    the hub, --load-checkpoint of a teacher) goes through ``load_model_ensemble_and_task``; a
+    training run builds from its command line and is still checked."""
+    from fairseq import checkpoint_utils
+
+    load = checkpoint_utils.load_model_ensemble_and_task
+    if getattr(load, "posenc_as_saved", False):
+        return
+
+    @functools.wraps(load)
+    def as_saved(*args, **kwargs):
+        token = _FROM_CHECKPOINT.set(True)
+        try:
+            return load(*args, **kwargs)
+        finally:
+            _FROM_CHECKPOINT.reset(token)
+
+    as_saved.posenc_as_saved = True
+    checkpoint_utils.load_model_ensemble_and_task = as_saved
+
+
 def refuse_unused_flags(args):
     """One line (:class:`PosencError`) for the first plugin flag set away from its default that
-    the model ``args`` describes does not use: it would change nothing."""
+    the model ``args`` describes does not use: it would change nothing. Not for a model rebuilt
+    from a checkpoint (:func:`load_checkpoints_as_saved`)."""
+    if _FROM_CHECKPOINT.get():
+        return
     used = flags_in_use(args)
     for config in ALL_CONFIGS:
         for f in dataclasses.fields(config):

@@ -4,7 +4,8 @@ Press et al. define ALiBi for causal attention: the decoder's bias is -m_h (i - 
 j <= i, the causal mask hiding the rest. An encoder sees both sides, and the paper says nothing
 about it; ``--alibi-encoder`` chooses the form:
 
-- ``symmetric``: -m_h |i - j| in every head, as x-transformers and data2vec 2.0 do. The bias
+- ``symmetric`` (the default): -m_h |i - j| in every head, the published form for
+  bidirectional attention (MosaicBERT, JinaBERT-v2, data2vec 2.0, x-transformers). The bias
   depends on the distance only, so the encoder is equivariant to reversing the whole sequence:
   the reversed input is encoded as the reversed encoding, and only tokens that occur at one end
   (the end-of-sentence token) tell a sentence from its mirror image.
@@ -16,19 +17,28 @@ about it; ``--alibi-encoder`` chooses the form:
   encoder causal, so ``split`` needs at least two.
 - ``crossed``: every head sees both sides with separate slopes, m_h on the left and
   m_(H-1-h) (the same sequence in reverse head order) on the right: the first heads look far
-  right and near left, the last heads the opposite.
+  right and near left, the last heads the opposite. That holds for H a power of two, where the
+  slopes fall geometrically with h. For other H the slopes of :func:`alibi_slopes` are not even
+  monotone (the largest power of two below H, then every other slope of twice that; H = 6:
+  2^-2, 2^-4, 2^-6, 2^-8, 2^-1, 2^-3), and crossed reverses that list as it is: head 0 gets
+  2^-2 on the left and 2^-3 on the right, head 1 2^-4 and 2^-1. With an odd H the middle head
+  (h = (H-1)/2) has the same slope on both sides and is symmetric (H = 3: slopes 2^-4, 2^-8,
+  2^-2, the middle head 2^-8 both ways); with one head crossed is symmetric and is refused.
 
-The default is ``split``, from a measurement on the demo's toy pair (reorder, tiny model, seeds
-1-3, SacreBLEU per source-length bin; intervals that include the spread between seeds, as
-study_report gives them): at 400 updates split is ahead of symmetric in every bin (+13.6 BLEU in
-range [+2.0, +25.1], +7.5, +3.4 and +2.4 past it, the last one's interval [+0.1, +4.7] also
-excluding 0); at 800 updates, the demo's budget, the two are level (every difference within
-+-1.8, every interval around 0). Split learns faster and was never measurably worse, and an
-encoder that cannot tell a sentence from its mirror image but by its end token is a poor start
-for translation. Crossed was below symmetric at both budgets. docs/encodings.md's "Position encodings"
-section has the table.
+``split`` and ``crossed`` tell left from right, symmetric does not (but by the end token):
+``tests/test_sequence_direction.py`` measures it for every encoding, reversing whole sources,
+EOS included; only ``none`` and symmetric ALiBi encode the reversed source as the reversed
+encoding. On the demo's toy pair (reorder, tiny model, seeds 1-3, SacreBLEU per source-length
+bin; intervals that include the spread between seeds, as study_report gives them) split was
+ahead of symmetric in every bin at 400 updates (+13.6 BLEU in range [+2.0, +25.1], +7.5, +3.4
+and +2.4 past it, the last one's interval [+0.1, +4.7] also excluding 0) and level with it at
+800 updates, the demo's budget (every difference within +-1.8, every interval around 0); crossed
+was below symmetric at both budgets. docs/encodings.md's "Position encodings" section has the
+table. The default is the published form all the same: a row called "alibi" is the ALiBi the
+literature means, and reports name the others (``alibi (split)``, :meth:`ALiBi.form`).
 
-Checkpoints written before ``--alibi-encoder`` existed were trained with the symmetric form.
+Checkpoints written before ``--alibi-encoder`` existed were trained with the symmetric form;
+those written while the default was ``split`` store their form.
 ALiBi has no parameters, so nothing in such a state dict tells the form by its shape: the
 encoder's form is stored in a persistent integer buffer (``encoder_form``, its index in
 :data:`ENCODER_FORMS`), and a state dict without it loads as ``symmetric`` whatever the flag
@@ -49,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 #: the encoder forms; a checkpoint stores the index, so new forms are appended, never inserted
 ENCODER_FORMS = ("symmetric", "split", "crossed")
-DEFAULT_ENCODER_FORM = "split"
+DEFAULT_ENCODER_FORM = "symmetric"
 #: the form of checkpoints that have no ``encoder_form`` (written before the flag existed)
 LEGACY_ENCODER_FORM = "symmetric"
 
@@ -58,14 +68,15 @@ LEGACY_ENCODER_FORM = "symmetric"
 class ALiBiConfig:
     alibi_encoder: str = field(
         default=DEFAULT_ENCODER_FORM,
-        metadata={"help": "alibi: the encoder's bias, one of " + ", ".join(ENCODER_FORMS) + ". symmetric: "
-                  "-m|i-j| in every head (x-transformers, data2vec 2.0), equivariant to reversing the "
-                  "sentence; split: even heads see only keys j <= i, odd heads only j >= i (an odd last "
-                  "head sees the left); crossed: slope m_h on the left, m_(H-1-h) on the right. Default "
-                  "split: on the demo's toy pair it beat symmetric in every length bin at 400 updates and "
-                  "was level with it at 800 (crossed: below symmetric at both). The decoder is causal, "
-                  "-m(i-j), whatever this says. A checkpoint loads the form it stored; one from before "
-                  "this flag loads as symmetric"},
+        metadata={"help": "alibi: the encoder's bias, one of " + ", ".join(ENCODER_FORMS) + ". symmetric "
+                  "(default, the published form: MosaicBERT, JinaBERT-v2, data2vec 2.0, x-transformers): "
+                  "-m|i-j| in every head, equivariant to reversing the sentence; split: even heads see only "
+                  "keys j <= i, odd heads only j >= i (an odd last head sees the left; at least 2 heads); "
+                  "crossed: slope m_h on the left, m_(H-1-h) on the right (ALiBi's slope list for H heads reversed "
+                  "as it is, which is not monotone when H is not a power of two; with odd H the middle head "
+                  "is symmetric; refused with 1 head, where it is symmetric). split and crossed tell left from right "
+                  "(tests/test_sequence_direction.py). The decoder is causal, -m(i-j), whatever this says. "
+                  "A checkpoint loads the form it stored; one from before this flag loads as symmetric"},
     )
 
 
@@ -120,11 +131,25 @@ class ALiBi(PositionEncoding):
         # model.half() / .bfloat16() round this buffer; it tells the kept table where the
         # model lives, and the bias is computed from float32 slopes
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
-        self.form = "symmetric"  # the decoder's bias, before its causal mask
+        self.bias_form = "symmetric"  # the decoder's bias, before its causal mask
         if side == "encoder":
-            self.form = self._check_form(getattr(cfg, "alibi_encoder", DEFAULT_ENCODER_FORM))
+            self.bias_form = self._check_form(getattr(cfg, "alibi_encoder", DEFAULT_ENCODER_FORM))
+            if self.bias_form == "crossed" and num_heads < 2:
+                # before the first update: the model is built before training starts
+                raise PosencError("--alibi-encoder crossed with 1 encoder attention head is --alibi-encoder symmetric "
+                                  "(its one head has the same slope on both sides): use symmetric")
             # an integer: averaging checkpoints and model.half() leave it as it is
-            self.register_buffer("encoder_form", torch.tensor(ENCODER_FORMS.index(self.form)))
+            self.register_buffer("encoder_form", torch.tensor(ENCODER_FORMS.index(self.bias_form)))
+
+    def form(self) -> list:
+        """The encoder's form where it is not the published symmetric one, read from the form the
+        weights carry (the ``encoder_form`` buffer once loaded), not from the flag; crossed with
+        one head computes the symmetric bias (only a checkpoint from before its refusal has it)."""
+        if self.side != "encoder" or self.bias_form == "symmetric":
+            return []
+        if self.bias_form == "crossed" and self.num_heads < 2:
+            return []
+        return [self.bias_form]
 
     def _check_form(self, form: str) -> str:
         if form not in ENCODER_FORMS:
@@ -146,14 +171,14 @@ class ALiBi(PositionEncoding):
                 raise PosencError(f"{key} is {index}, not an --alibi-encoder form this code knows "
                                   f"({', '.join(f'{i}: {f}' for i, f in enumerate(ENCODER_FORMS))})")
             stored = self._check_form(ENCODER_FORMS[index])
-            if stored != self.form:
+            if stored != self.bias_form:
                 # the weights were trained with the stored form: they keep it, whatever the flag
                 # (expected for checkpoints older than the flag, so only noted for those)
                 (logger.info if legacy else logger.warning)(
                     f"{key}: the weights were trained with --alibi-encoder {stored}"
                     + (" (written before the flag existed)" if legacy else "")
-                    + f"; they load with it, not with the --alibi-encoder {self.form} this model was built with")
-            self.form = stored
+                    + f"; they load with it, not with the --alibi-encoder {self.bias_form} this model was built with")
+            self.bias_form = stored
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def attention_bias(self, layer, q, pos):
@@ -161,7 +186,7 @@ class ALiBi(PositionEncoding):
             # in float32: slope x distance grows with the distance, and half precision would
             # round both the slopes that are not powers of two and the product
             slopes = alibi_slopes(self.num_heads).to(offsets.device, at_least_float32(self.slopes.dtype))
-            return alibi_bias(slopes, offsets, self.form)
+            return alibi_bias(slopes, offsets, self.bias_form)
 
         # the form is in the name: a kept table of one form must not serve another after a load
-        return self.relative_bias(("alibi", self.form), pos, per_offset)
+        return self.relative_bias(("alibi", self.bias_form), pos, per_offset)

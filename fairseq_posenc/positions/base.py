@@ -132,6 +132,18 @@ class PositionEncoding(ForgetsKeptOnCopy, nn.Module):
         #: "input" or "all" (see ``default_blocks``)
         self.position_blocks = blocks or self.default_blocks
 
+    def form(self) -> list:
+        """Short descriptions of this scheme's settings that differ from the encoding's published
+        form (e.g. ``["split"]``, ``["bias scale 10"]``), for the label a report gives the model
+        (:func:`fairseq_posenc.labels.model_label`). Read from the module's own state (buffers,
+        extra state, attributes a loaded checkpoint restores), never from the flags or the saved
+        configuration, which a resumed or re-configured run may have changed. Here: where the
+        position encoder acts, when not the encoding's own default (``blocks all``): how the
+        module was built, which a checkpoint's parameters must fit (learned: one table per block)."""
+        if self.default_blocks is not None and self.position_blocks != self.default_blocks:
+            return [f"blocks {self.position_blocks}"]
+        return []
+
     # hooks; the defaults do nothing
     @classmethod
     def finish_model(cls, model, args):

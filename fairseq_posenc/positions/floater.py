@@ -1,7 +1,9 @@
 """FLOATER (Liu et al., 2020): positions as the solution of a learned ODE.
 
-dp/dt = h(t, p(t)), p_i = p(i * dt). Every attention block has its own initial states (one per
-projection: q, k, v in self-attention, k, v in encoder-decoder attention); the dynamics h are
+dp/dt = h(t, p(t)), p_i = p(i * dt); with ``--floater-dissipation LAMBDA`` (not in the paper)
+dp/dt = -LAMBDA p + tanh(h(t, p)), whose every coordinate stays within max(|p(0)|, 1 / LAMBDA).
+Every attention block has its own initial states (one per projection: q, k, v in
+self-attention, k, v in encoder-decoder attention); the dynamics h are
 shared by all blocks. The solution is a bias added to the projections, in the paper's
 warm-start form: the sinusoidal input embedding stays, and with h = 0 and zero initial states
 the model is exactly the vanilla Transformer.
@@ -20,6 +22,7 @@ as for every kept table, :mod:`.kept`; the checkpoint also stores a ``fingerprin
 that a loaded solution is trusted only for the parameters and settings loaded with it).
 """
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
@@ -81,6 +84,13 @@ class FloaterConfig(PositionBlocksConfig):
                   "N = 10 with C = 10 trained as N = 1 did, with C = 1 it did not: docs/floater.md). C is saved "
                   "with the weights: loaded under another C they are rescaled to compute the same"},
     )
+    floater_dissipation: float = field(
+        default=0.0,
+        metadata={"help": "floater, not in the paper: LAMBDA > 0 solves dp/dt = -LAMBDA p + tanh(h(t, p)) instead of "
+                  "dp/dt = h(t, p), so that every coordinate of every bias stays within max(|p(0)|, 1 / LAMBDA) at "
+                  "any position, past the training lengths too (h = 0 is still the vanilla model). rk4 runs in "
+                  "FLOATER's Python loops, not the C++ ones. 0: the paper's FLOATER. See docs/floater.md"},
+    )
 
 
 class Dynamics(nn.Module):
@@ -91,8 +101,10 @@ class Dynamics(nn.Module):
     materialise a full-size gradient at every step.
     """
 
-    def __init__(self, dim: int, hidden: int, lr_scale: float = 1.0):
+    def __init__(self, dim: int, hidden: int, lr_scale: float = 1.0, dissipation: float = 0.0):
         super().__init__()
+        # --floater-dissipation: dp/dt = -dissipation p + tanh(h(t, p)) (Float32Field)
+        self.dissipation = float(dissipation)
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, dim)
         # initialised as nn.Linear(dim + 1, hidden) and nn.Linear(hidden + 1, dim) would be
@@ -117,7 +129,7 @@ class Dynamics(nn.Module):
         weights = tuple(w.to(dtype) for w in (fc1.t(), b1, time1, fc2.t(), b2, time2))
         if self.lr_scale != 1:
             weights = tuple(w * self.lr_scale for w in weights)
-        return Float32Field(weights)
+        return Float32Field(weights, self.dissipation)
 
     def forward(self, t: Tensor, p: Tensor) -> Tensor:
         return self.float32()(t, p)
@@ -128,7 +140,8 @@ class Dynamics(nn.Module):
         return torch.tensor(self.lr_scale, dtype=torch.float64)
 
     def set_extra_state(self, state):
-        """Nothing: the ODE's load pre-hook has already read and applied it."""
+        """Nothing: the ODE's load pre-hook has already read and applied it (and kept the C the
+        weights were trained with, ``_trained_scale``, for the model's label)."""
 
 
 class Float32Field:
@@ -139,8 +152,10 @@ class Float32Field:
     share it), and each solver step adds an increment far below the state's precision.
     """
 
-    def __init__(self, weights):
+    def __init__(self, weights, dissipation: float = 0.0):
         self.weights = weights
+        #: --floater-dissipation LAMBDA > 0: the field is -LAMBDA p + tanh(h(t, p)) (docs/floater.md)
+        self.dissipation = dissipation
 
     def __call__(self, t: Tensor, p: Tensor) -> Tensor:
         w1, b1, time1, w2, b2, time2 = self.weights
@@ -149,7 +164,12 @@ class Float32Field:
         with torch.autocast(device_type=p.device.type, enabled=False):
             t = t.to(p.dtype)
             hidden = torch.relu(torch.addmm(b1 + t * time1, p, w1))
-            return torch.addmm(b2 + t * time2, hidden, w2)
+            out = torch.addmm(b2 + t * time2, hidden, w2)
+            if self.dissipation:
+                # each coordinate: dp/dt <= -LAMBDA p + 1 < 0 wherever p > 1 / LAMBDA (and the mirror
+                # image below -1 / LAMBDA), so |p_j| never exceeds max(|p_j(0)|, 1 / LAMBDA)
+                out = torch.tanh(out) - self.dissipation * p
+            return out
 
 
 class _Update:
@@ -204,7 +224,8 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
     kept_results = ("solution", "fingerprint", floater_schedule.PENDING)
 
     def __init__(self, num_states: int, dim: int, hidden: int, dt: float, solver: str,
-                 step: Optional[float], adjoint: bool, solve_every: int = 1, lr_scale: Optional[float] = None):
+                 step: Optional[float], adjoint: bool, solve_every: int = 1, lr_scale: Optional[float] = None,
+                 dissipation: float = 0.0):
         super().__init__()
         if solver not in FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS:
             raise ValueError(f"--floater-solver {solver!r} is not a torchdiffeq method; choose one of "
@@ -215,7 +236,13 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         self.step = step if step is not None else dt / 5
         lr_scale = floater_schedule.lr_scale(solve_every, lr_scale)
         floater_schedule.check(solve_every, lr_scale)
-        self.dynamics = Dynamics(dim, hidden, lr_scale)
+        if not (dissipation >= 0 and math.isfinite(dissipation)):
+            raise PosencError(f"--floater-dissipation must be a finite number >= 0 (0: the paper's FLOATER), "
+                              f"got {dissipation}")
+        self.dynamics = Dynamics(dim, hidden, lr_scale, dissipation)
+        # the N it was trained with, saved with the weights (get_extra_state; the flags of a decode may
+        # differ): the current N once it trains (begin_update), the checkpoint's once loaded
+        self._trained_every = int(solve_every)
         # --floater-lr-scale C covers the initial states too: stored as p(0) / C (initial_state)
         self.lr_scale = lr_scale
         self.initial = nn.Parameter(torch.empty(num_states, dim))
@@ -267,6 +294,9 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         copies of the solution added in (the backward is linear in them): the same gradients
         as a solve per pass, for the cost of one."""
         self._update = _Update(passes)
+        self._trained_every = self.schedule.every if self.schedule is not None else 1
+        if getattr(self, "dynamics", None) is not None:
+            self.dynamics._trained_scale = self.lr_scale
         if self.schedule is not None:
             self.schedule.begin_update()
 
@@ -352,7 +382,7 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         field = self.dynamics.float32() if field is None else field
         if self.solver == "rk4" and not (self.adjoint and torch.is_grad_enabled()):
             # torchdiffeq's rk4 op for op, with a hand-written backward (floater_solver.py)
-            return rk4(field.weights, y0, times, self.step)
+            return rk4(field.weights, y0, times, self.step, field.dissipation)
         if self.adjoint and torch.is_grad_enabled():
             # the solve differentiates the float32 weights; their casts carry the gradients on
             return odeint_adjoint(field, y0, times, method=self.solver, options=options,
@@ -415,7 +445,19 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
             with torch.no_grad():
                 self._set_solution(self._solve(self.initial_state(), 0, max(length, MIN_TABLE)))
 
+    def get_extra_state(self):
+        """N of --floater-solve-every that the weights were trained with (a float64 tensor, as the
+        dynamics' C), for the model's label (:meth:`FloaterPositionEncoding.form`): a decode or a
+        study reads it from the checkpoint, whatever flags rebuilt the model."""
+        return torch.tensor(float(self._trained_every), dtype=torch.float64)
+
+    def set_extra_state(self, state):
+        self._trained_every = int(round(float(state)))
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if type(self).get_extra_state is FloaterODE.get_extra_state:
+            # saved before N was stored with the weights: this model's own N
+            state_dict.setdefault(prefix + "_extra_state", self.get_extra_state())
         stored = state_dict.get(prefix + "solution")
         if stored is not None:  # its length is whatever the saver had solved
             self.solution = torch.zeros(stored.shape, dtype=at_least_float32(stored.dtype), device=self.solution.device)
@@ -457,7 +499,8 @@ class FloaterPositionEncoding(PositionEncoding):
             states = 3 * (self.encoder_blocks + self.decoder_blocks) + 2 * self.decoder_blocks * self.cross_attention
             self.ode = FloaterODE(states, self.width, cfg.floater_hidden or self.width, cfg.floater_dt,
                                   cfg.floater_solver, cfg.floater_step, cfg.floater_adjoint,
-                                  getattr(cfg, "floater_solve_every", 1), getattr(cfg, "floater_lr_scale", None))
+                                  getattr(cfg, "floater_solve_every", 1), getattr(cfg, "floater_lr_scale", None),
+                                  getattr(cfg, "floater_dissipation", 0.0))
 
     @classmethod
     def finish_model(cls, model, args):
@@ -478,6 +521,33 @@ class FloaterPositionEncoding(PositionEncoding):
                     "layer, the default before --floater-cross-attention existed): load it with "
                     "--model-overrides \"{'floater_cross_attention': True}\"")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def form(self) -> list:
+        """How this FLOATER differs from the paper's (rk4, step dt / 5, dt 0.1, self-attention only,
+        h solved and updated at every update, dp/dt = h), read from the ODE's state: its settings
+        as the model was rebuilt from the checkpoint, and the N and C saved with the weights.
+        E.g. ``["solve every 10"]``, ``["solve every 10", "lr scale 1"]``, ``["dissipation 1"]``."""
+        labels = list(super().form())
+        ode = self.solver
+        dynamics = getattr(ode, "dynamics", None)
+        if dynamics is not None:  # the RNN's subclass has no ODE
+            every = int(getattr(ode, "_trained_every", 1))
+            scale = float(getattr(dynamics, "_trained_scale", ode.lr_scale))
+            if every != 1:
+                labels.append(f"solve every {every}")
+            if not math.isclose(scale, floater_schedule.lr_scale(every, None), rel_tol=1e-9):
+                labels.append(f"lr scale {scale:g}")
+            if ode.solver != "rk4":
+                labels.append(f"solver {ode.solver}")
+            if ode.solver in FIXED_STEP_SOLVERS and not math.isclose(ode.step, ode.dt / 5, rel_tol=1e-9):
+                labels.append(f"step {ode.step:g}")
+            if not math.isclose(ode.dt, 0.1, rel_tol=1e-9):
+                labels.append(f"dt {ode.dt:g}")
+            if dynamics.dissipation:
+                labels.append(f"dissipation {dynamics.dissipation:g}")
+        if self.cross_attention:
+            labels.append("cross-attention")
+        return labels
 
     def tie(self, encoder_scheme):
         if self.side == "decoder":

@@ -87,6 +87,8 @@ def rescale_on_load(ode, state_dict, prefix: str):
         return
     key, current = prefix + SCALE_KEY, ode.lr_scale
     stored = float(state_dict[key]) if key in state_dict else None
+    # the C the weights were trained with, for the model's label (FloaterPositionEncoding.form)
+    ode.dynamics._trained_scale = current if stored is None else stored
     ratios = {"initial": 1.0 / current} if stored is None else dict.fromkeys(FLOW, stored / current)
     if stored is None:
         ratios.update(dict.fromkeys(FLOW[1:], 1.0))

@@ -22,7 +22,10 @@ The hidden-space loops also exist in C++ (``fairseq_posenc/csrc/floater_rk4.cpp`
 operation; everything around the loops stays here. Timings of torchdiffeq, the Python loops and
 the C++ loops (``scripts/benchmark.py --floater-solve``): docs/floater.md.
 
-h(t, z) = relu(z W1 + b1 + t time1) W2 + b2 + t time2 (:class:`~.floater.Float32Field`).
+h(t, z) = relu(z W1 + b1 + t time1) W2 + b2 + t time2 (:class:`~.floater.Float32Field`). With
+--floater-dissipation LAMBDA the field is tanh(h(t, z)) - LAMBDA z, which is not linear in h's
+hidden layer: it runs in :class:`_RK4`'s loops (state space, Python), whose backward carries the
+tanh's slope and the decay.
 """
 from typing import Sequence
 
@@ -80,9 +83,9 @@ def _stages(times: Tensor, step: float, b1: Tensor, time1: Tensor, b2: Tensor, t
 
 class _RK4(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, times: Tensor, step: float, y0: Tensor, w1: Tensor, b1: Tensor, time1: Tensor,
-                w2: Tensor, b2: Tensor, time2: Tensor) -> Tensor:
-        store = any(ctx.needs_input_grad[2:])
+    def forward(ctx, times: Tensor, step: float, dissipation: float, y0: Tensor, w1: Tensor, b1: Tensor,
+                time1: Tensor, w2: Tensor, b2: Tensor, time2: Tensor) -> Tensor:
+        store = any(ctx.needs_input_grad[3:])
         grid, dt, stage_times, bias1, bias2 = _stages(times, step, b1, time1, b2, time2)
         n, (states, dim), hidden = dt.numel(), y0.shape, w1.size(1)
         ys = y0.new_empty(n + 1, states, dim)
@@ -92,6 +95,8 @@ class _RK4(torch.autograd.Function):
             hs = y0.new_empty(n, 4, states, hidden)
         else:
             zs, hs = y0.new_empty(1, 4, states, dim), y0.new_empty(1, 4, states, hidden)
+        # --floater-dissipation LAMBDA: k = tanh(h) - LAMBDA z; each evaluation's tanh(h), for the backward
+        squashed = y0.new_empty(n if store else 1, 4, states, dim) if dissipation else None
 
         for i, h in enumerate(dt.tolist()):
             s = i if store else 0
@@ -100,7 +105,11 @@ class _RK4(torch.autograd.Function):
 
             def f(stage: int, x: Tensor) -> Tensor:
                 torch.addmm(bias1[i, stage], x, w1, out=hid[stage]).relu_()
-                return torch.addmm(bias2[i, stage], hid[stage], w2)
+                out = torch.addmm(bias2[i, stage], hid[stage], w2)
+                if not dissipation:
+                    return out
+                torch.tanh(out, out=squashed[s, stage])
+                return squashed[s, stage] - dissipation * x
 
             z[0] = y
             k1 = f(0, y)
@@ -118,13 +127,16 @@ class _RK4(torch.autograd.Function):
         out = torch.where(at_start[:, None, None], y_start, torch.where(at_end[:, None, None], y_end, inside))
         out = torch.cat([y0[None], out])
         if store:
-            ctx.save_for_backward(stage_times, dt, ys, zs, hs, steps, slope, at_start, at_end, w1, w2)
+            ctx.dissipation = dissipation
+            ctx.save_for_backward(stage_times, dt, ys, zs, hs, steps, slope, at_start, at_end, w1, w2,
+                                  squashed if dissipation else None)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
-        stage_times, dt, ys, zs, hs, steps, slope, at_start, at_end, w1, w2 = ctx.saved_tensors
+        stage_times, dt, ys, zs, hs, steps, slope, at_start, at_end, w1, w2, squashed = ctx.saved_tensors
+        dissipation = ctx.dissipation
         n, _, states, dim = zs.shape
         hidden = hs.size(-1)
         # gradient arriving at each grid state from the interpolated outputs
@@ -151,10 +163,15 @@ class _RK4(torch.autograd.Function):
             go, gp, hid = g_out[c], g_pre[c], hs[i]
 
             def vjp(stage: int, grad: Tensor) -> Tensor:
-                """z's gradient from h's output gradient; keeps both for the weight gradients."""
-                go[stage] = grad
-                torch.ops.aten.threshold_backward.grad_input(grad.mm(w2t), hid[stage], 0, grad_input=gp[stage])
-                return gp[stage].mm(w1t)
+                """z's gradient from the field's output gradient; keeps h's output and pre-activation
+                gradients for the weight gradients."""
+                if dissipation:  # k = tanh(h) - LAMBDA z
+                    torch.mul(grad, 1 - squashed[i, stage] ** 2, out=go[stage])
+                else:
+                    go[stage] = grad
+                torch.ops.aten.threshold_backward.grad_input(go[stage].mm(w2t), hid[stage], 0, grad_input=gp[stage])
+                gz = gp[stage].mm(w1t)
+                return gz - dissipation * grad if dissipation else gz
 
             # the step y1 = y0 + (k1 + 3 (k2 + k3) + k4) h / 8 backwards, k4 first:
             # z2 = y0 + h k1 / 3, z3 = y0 + h (k2 - k1 / 3), z4 = y0 + h (k1 - k2 + k3)
@@ -180,7 +197,7 @@ class _RK4(torch.autograd.Function):
         gb1, gb2 = gb1_t.sum((0, 1)), gb2_t.sum((0, 1))
         gtime1 = (stage_times[..., None] * gb1_t).sum((0, 1))
         gtime2 = (stage_times[..., None] * gb2_t).sum((0, 1))
-        return None, None, adjoint, gw1, gb1, gtime1, gw2, gb2, gtime2
+        return None, None, None, adjoint, gw1, gb1, gtime1, gw2, gb2, gtime2
 
 
 #: the rk4 weights of a step's four evaluations: y1 = y0 + h / 8 (k1 + 3 k2 + 3 k3 + k4)
@@ -340,12 +357,16 @@ class _PythonLoops:
         return x.flip(0).cumsum(0).flip(0) if reverse else x.cumsum(0)
 
 
-def rk4(weights: Sequence[Tensor], y0: Tensor, times: Tensor, step: float) -> Tensor:
-    """``odeint(Float32Field(weights), y0, times, method="rk4", options={"step_size": step})``:
+def rk4(weights: Sequence[Tensor], y0: Tensor, times: Tensor, step: float, dissipation: float = 0.0) -> Tensor:
+    """``odeint(Float32Field(weights, dissipation), y0, times, method="rk4", options={"step_size": step})``:
     (len(times), *y0.shape), differentiable in ``y0`` and the weights, in the dtype of ``y0``
-    whatever autocast asks for."""
+    whatever autocast asks for. With ``dissipation`` (--floater-dissipation) the field
+    -LAMBDA p + tanh(h) is not linear in h's hidden layer: it runs in :class:`_RK4`'s loops."""
     dim, hidden = weights[0].shape
-    # an evaluation costs (states x hidden x hidden) in hidden space, 2 (states x dim x hidden) in y's
-    solver = _RK4Hidden if hidden < 2 * dim else _RK4
     with torch.autocast(device_type=y0.device.type, enabled=False):
-        return solver.apply(times, step, y0, *weights)
+        if dissipation:
+            return _RK4.apply(times, step, float(dissipation), y0, *weights)
+        # an evaluation costs (states x hidden x hidden) in hidden space, 2 (states x dim x hidden) in y's
+        if hidden < 2 * dim:
+            return _RK4Hidden.apply(times, step, y0, *weights)
+        return _RK4.apply(times, step, 0.0, y0, *weights)

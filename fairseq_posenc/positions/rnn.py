@@ -79,6 +79,10 @@ class RNNPositions(FloaterODE):
         self.vector = vector
         self.layers = nn.ModuleList(Layer(dim, dim if vector else 1) for _ in range(layers))
 
+    # no --floater-solve-every N to store with the weights: no extra state (FLOATER's ODE has one)
+    get_extra_state = nn.Module.get_extra_state
+    set_extra_state = nn.Module.set_extra_state
+
     def reset_to_vanilla(self):
         """Every p_i = 0: zero initial states, and p_{i+1} = 0 whenever p_i = 0. Zeroed are the last
         layer's bias and its weights on all but the state: on z_i, and in the 2-layer form on the

@@ -5,7 +5,7 @@ encoding (floater, rnn) from it. The user's MODEL_FLAGS hold both kinds: sizes, 
 share, and the warm-started encoding's own flags (``--rnn-layers``, ``--floater-dt``), which the
 sinusoidal model refuses. The split is read off the encodings' config dataclasses, so a new flag
 of either encoding lands on the right side without a list here. The recipes ask for it through
-``scripts/steps.py stage-key --split-for ENCODING --flags=...``, in the process that also keys
+``steps.py stage-key --split-for ENCODING --flags=...``, in the process that also keys
 the vanilla stage (one fairseq import).
 """
 import dataclasses

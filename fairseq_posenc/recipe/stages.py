@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 try:
     from . import train_config
-except ImportError:  # loaded on its own by scripts/steps.py: deciding needs fairseq, ending a stage not
+except ImportError:  # steps.py run as a file loads it on its own: deciding needs fairseq, ending a stage not
     import train_config
 
 RECORD = "stage.json"
@@ -30,7 +30,7 @@ RECORD = "stage.json"
 
 class Refusal(ValueError):
     """A stage that must not run as asked: the message is the one line the user sees (a ValueError,
-    as every other one-line error of scripts/steps.py)."""
+    as every other one-line error of steps.py)."""
 
 
 def read_json(path: str) -> Optional[dict]:

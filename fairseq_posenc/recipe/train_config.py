@@ -85,7 +85,7 @@ no_decoder_final_norm
 position_encoding keep_input_positions attention_head_dim segment_attention segment_separator max_segments
 position_blocks position_bias_scale position_sharing diet_rank max_relative_distance t5_num_buckets
 t5_max_distance rope_theta alibi_encoder floater_dt floater_solver floater_step floater_adjoint floater_hidden
-floater_cross_attention floater_solve_every floater_lr_scale rnn_layers rnn_input rnn_dt
+floater_cross_attention floater_solve_every floater_lr_scale floater_dissipation rnn_layers rnn_input rnn_dt
 source_lang target_lang load_alignments left_pad_source left_pad_target upsample_primary truncate_source
 num_batch_buckets eval_bleu eval_bleu_args eval_bleu_detok eval_bleu_detok_args eval_tokenized_bleu
 eval_bleu_remove_bpe label_smoothing report_accuracy ignore_prefix_size
@@ -131,11 +131,92 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=repr))
 
 
-def resolve(argv: List[str], fingerprint=None) -> Dict[str, Any]:
+def resolve(argv: List[str], fingerprint=None, cache: Optional[str] = None) -> Dict[str, Any]:
     """``section.field -> value`` of ``convert_namespace_to_omegaconf`` for ``argv``, every
     section and the model's namespace (fairseq's legacy architectures keep every argument there),
     plus ``inputs.<field>``: the content fingerprint (``fingerprint(path)``) of each checkpoint the
-    run starts from."""
+    run starts from (read every time: content is not in the key).
+
+    ``cache``: a directory of resolved configurations keyed by :func:`cache_key` (everything the
+    resolution reads: ``argv``, the plugin's source, fairseq's and torch's versions, the CUDA
+    devices torch sees), so that a recipe's several calls with one argument list import fairseq
+    (seconds) once. A key never names another resolution, so an entry never goes stale."""
+    path = flat = starts = None
+    if cache:
+        path = os.path.join(cache, cache_key(argv) + ".json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                entry = json.load(f)
+            flat, starts = dict(entry["config"]), dict(entry["starts"])
+        except (OSError, ValueError, KeyError, TypeError):  # not there yet (or cut short): resolved anew
+            flat = starts = None
+    if flat is None:
+        flat, starts = _resolve(argv)
+        if path:
+            os.makedirs(cache, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"argv": list(argv), "config": flat, "starts": starts}, f)
+            os.replace(tmp, path)
+    flat = dict(flat)
+    for name in START_FROM:
+        start = starts.get(name)
+        if start and fingerprint is not None:
+            flat[f"inputs.{name}"] = fingerprint(start) if os.path.exists(start) else "(missing)"
+    return flat
+
+
+def _source_digest(directory: str, digest) -> None:
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
+        for name in sorted(files):
+            if name.endswith((".py", ".so")):
+                with open(os.path.join(root, name), "rb") as f:
+                    digest.update(os.path.relpath(os.path.join(root, name), directory).encode() + b"\0" + f.read())
+
+
+def cache_key(argv: List[str]) -> str:
+    """What a resolved configuration depends on, hashed: the argument list; the source of the
+    plugin (``--user-dir`` and this package, which registers the architectures and their
+    defaults); the versions of Python, fairseq, hydra, omegaconf and torch; and the GPUs torch
+    sees (fairseq's default world size is their count): none without a GPU driver's device node,
+    else torch is imported to count them (about a third of fairseq's import)."""
+    import hashlib
+    import sys
+    from importlib import metadata
+
+    digest = hashlib.sha256(json.dumps({"argv": list(argv), "python": sys.version}).encode())
+    for package in ("fairseq", "hydra-core", "omegaconf", "torch"):
+        try:
+            digest.update(f"{package}={metadata.version(package)}\0".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{package}=none\0".encode())
+    digest.update(f"cuda={_gpus()}\0".encode())
+    plugin = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirs = {plugin}
+    for i, arg in enumerate(argv):
+        if arg == "--user-dir" and i + 1 < len(argv):
+            dirs.add(os.path.abspath(argv[i + 1]))
+        elif arg.startswith("--user-dir="):
+            dirs.add(os.path.abspath(arg.split("=", 1)[1]))
+    for directory in sorted(dirs):
+        digest.update(directory.encode() + b"\0")
+        _source_digest(directory, digest)
+    return digest.hexdigest()[:32]
+
+
+def _gpus() -> int:
+    """torch.cuda.device_count(), without importing torch where no NVIDIA or ROCm device node
+    exists (torch then sees none, whatever CUDA_VISIBLE_DEVICES says)."""
+    if not any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _resolve(argv: List[str]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(the flat configuration, the paths of the checkpoints the run starts from)."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import DictConfig, OmegaConf
 
@@ -157,11 +238,7 @@ def resolve(argv: List[str], fingerprint=None) -> Dict[str, Any]:
                 flat[f"{section}.{name}"] = field
         else:
             flat[section] = value
-    for name in START_FROM:
-        path = getattr(args, name, None)
-        if path and fingerprint is not None:
-            flat[f"inputs.{name}"] = fingerprint(path) if os.path.exists(path) else "(missing)"
-    return _plain(flat)
+    return _plain(flat), _plain({name: getattr(args, name, None) for name in START_FROM})
 
 
 def field_name(key: str) -> str:
@@ -178,7 +255,7 @@ def tokens_per_update(config: Dict[str, Any]) -> Optional[int]:
     return int(max_tokens) * int(update_freq[0]) * int(world)
 
 
-# the plan reaches its target to within 0.1% at any GPU count (scripts/train_plan.py): two layouts
+# the plan reaches its target to within 0.1% at any GPU count (fairseq_posenc/recipe/plan.py): two layouts
 # whose tokens per update are that close are the same batch
 BATCH_TOLERANCE = 0.001
 

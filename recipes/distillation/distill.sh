@@ -7,7 +7,7 @@
 #     bash recipes/distillation/distill.sh [--dry-run]
 #   OUT=runs/wmt14_en_de/distilled-sinusoidal ENC=sinusoidal AVERAGE=5 bash recipes/wmt14_en_de/evaluate.sh
 #
-# It prints the plan first (scripts/train_plan.py: device, the world of every node, tokens per
+# It prints the plan first (fairseq_posenc/recipe/plan.py: device, the world of every node, tokens per
 # update, updates per epoch, the interval checkpoints averaged, disk) and refuses one that
 # cannot work; --dry-run stops there. The student trains with the Scaling NMT flags of the other
 # recipes (~32k tokens an update on any GPU count, fp16 on GPUs, a checkpoint every
@@ -65,7 +65,7 @@ echo "== 1/2 fairseq-train: relations $RELATIONS over $RELATION_HEADS heads (wei
   "${MAX_EPOCH:+$MAX_EPOCH epochs / }${MAX_UPDATE:+$MAX_UPDATE updates }on $DEVICE_DESC (log: $OUT/train.log)"
 # shellcheck disable=SC2086
 STAGE_ACCEPTED=write_train_env train_stage "$OUT" "" "${settings[@]}" \
-  "teacher=$("$PYTHON" "$SCRIPTS/steps.py" fingerprint "$TEACHER")" -- \
+  "teacher=$("$PYTHON" "$RECIPE_PY/steps.py" fingerprint "$TEACHER")" -- \
   "$DATA_BIN" "${FAIRSEQ_FLAGS[@]}" --arch "transformer_${ENC}_$SUFFIX" $MODEL_FLAGS --lr "$LR" \
   --teacher-path "$TEACHER" --relation-heads "$RELATION_HEADS" --relations "$RELATIONS" \
   --relation-weight "$RELATION_WEIGHT" ${MAX_UPDATE:+--max-update $MAX_UPDATE} ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} \

@@ -111,7 +111,7 @@ _decode() {
     average_and_generate "$ROOT_OUT/data-bin" test "$OUT/generate.long.txt" "${LIMIT[@]}"
     segmentation=$([ "$BPE" = sentencepiece ] && echo sentencepiece || echo subword_nmt)
   fi
-  "$PYTHON" "$SCRIPTS/score_translation.py" detok-generation --generation "$OUT/generate.long.txt" \
+  "$PYTHON" "$RECIPE_PY/scoring.py" detok-generation --generation "$OUT/generate.long.txt" \
     --lang "$TGT" --bpe "$segmentation" --out "$OUT/generate.long.detok.txt"
   if [ "$ENC" = floater ] && [ "$VANILLA_CONTINUED" = 1 ]; then
     _decode_control
@@ -127,7 +127,7 @@ _decode_control() {
     CKPT_DIR="$control" average_and_generate "$ROOT_OUT/data-bin" test "$control/generate.long.txt" "${LIMIT[@]}"
   fi
   [ "${DRY_RUN:-0}" = 1 ] && return 0
-  "$PYTHON" "$SCRIPTS/score_translation.py" detok-generation --generation "$control/generate.long.txt" \
+  "$PYTHON" "$RECIPE_PY/scoring.py" detok-generation --generation "$control/generate.long.txt" \
     --lang "$TGT" --bpe "$segmentation" --out "$control/generate.long.detok.txt"
 }
 
@@ -154,10 +154,9 @@ echo "== short-to-long on $DATA ($SRC-$TGT): train below $TRAIN_BELOW $UNIT, bin
 split_inputs="text_src=$COUNTED.$SRC text_tgt=$COUNTED.$TGT valid_src=$DATA/valid.$SRC valid_tgt=$DATA/valid.$TGT"
 # the BPE model only: KEEP_INTERMEDIATES=0 removes bpe/'s segmented copies, which nothing here reads
 [ "$UNIT" = words ] && split_inputs+=" bpe=$BPE_DIR/$([ "$BPE" = sentencepiece ] && echo spm.model || echo code)"
-STEP_SETTINGS="unit=$UNIT train_below=$TRAIN_BELOW bins=${BINS// /,}" STEP_INPUTS="$split_inputs" \
-  step split "[split] length_split.py -> $SPLIT" _split
+STEP_INPUTS="$split_inputs" step split "[split] length_split.py -> $SPLIT" _split
 STEP_INPUTS="dictionary=$DATA/data-bin/dict.$SRC.txt" step preprocess "[preprocess] fairseq-preprocess with the corpus's dictionary -> $ROOT_OUT/data-bin" _preprocess
-generations=() logs=() controls=()
+generations=() logs=() controls=() checkpoints=()
 # a dry run adds up what every model's plan needs (recipes/common.sh: plan_training appends its line)
 if [ "$DRY_RUN" = 1 ]; then export PLAN_TOTALS="$ROOT_OUT/.plan_totals"; rm -f "$PLAN_TOTALS"; fi
 for ENC in $ENCODINGS; do
@@ -180,6 +179,8 @@ for ENC in $ENCODINGS; do
       STAGE_ON_CHANGE=restart train_model "$ROOT_OUT/data-bin"
       STEP_AFTER=preprocess STEP_SETTINGS="$(_decode_settings)" STEP_REDO_HINT="delete $WORK/.done/$name to decode it again, $OUT to train it again" \
         step "$name" "[$ENC seed $SEED] average, decode the long pairs -> $OUT" _decode
+      # the report names the row by the decoded model's own label (fairseq_posenc/labels.py)
+      evaluated_checkpoint > "$OUT/evaluated_checkpoint.txt"
     )
     files="${files:+$files,}$model_out/generate.long.detok.txt"
     logs+=("$model_out/generate.long.txt.log")  # fairseq-generate's stderr: its config line has the limit
@@ -189,12 +190,13 @@ for ENC in $ENCODINGS; do
     fi
   done
   generations+=("$ENC=$files")
+  [ "$DRY_RUN" = 1 ] || checkpoints+=("$ENC=$(cat "${files%%/generate.long.detok.txt*}/evaluated_checkpoint.txt")")
   if [ "$ENC" = floater ] && [ "$VANILLA_CONTINUED" = 1 ]; then
     generations+=("vanilla_continued=$control_files") controls+=(floater=vanilla_continued)
   fi
 done
 if [ "$DRY_RUN" = 1 ]; then
-  "$PYTHON" "$SCRIPTS/train_plan.py" totals --plans "$PLAN_TOTALS" --out "$ROOT_OUT" \
+  "$PYTHON" "$RECIPE_PY/plan.py" totals --plans "$PLAN_TOTALS" --out "$ROOT_OUT" \
     $([ "${ALLOW_LOW_DISK:-0}" = 1 ] && echo --allow-low-disk) | sed 's/^/   /' || exit 2
   rm -f "$PLAN_TOTALS"
   echo "== --dry-run: nothing trained, no report"; exit 0
@@ -203,5 +205,5 @@ echo "== [report] SacreBLEU, chrF, length ratio per bin of source length ($UNIT)
 # shellcheck disable=SC2086
 "$PYTHON" "$SCRIPTS/bleu_by_length.py" --generation "${generations[@]}" --seeds $SEEDS ${BASELINE:+--baseline "$BASELINE"} \
   --bins $BINS --unit "$UNIT" --decoding-log "${logs[@]}" --decoded-source "$SEGMENTED/long.$SRC" \
-  ${controls[@]:+--control "${controls[@]}"} \
+  ${controls[@]:+--control "${controls[@]}"} --checkpoint "${checkpoints[@]}" \
   --out "$ROOT_OUT/bleu_by_length" --title "$RECIPE $SRC-$TGT: trained on sources < $TRAIN_BELOW $UNIT"

@@ -40,12 +40,16 @@ train_warm_started() {
     ${MAX_UPDATE:+--max-update $MAX_UPDATE} ${MAX_EPOCH:+--max-epoch $MAX_EPOCH} --keep-interval-updates 1)
   local both own key vanilla split
   # shellcheck disable=SC2086
-  split="$("$PYTHON" "$SCRIPTS/steps.py" stage-key --split-for "$ENC" --flags="$MODEL_FLAGS $EXTRA_FLAGS" \
+  split="$("$PYTHON" "$RECIPE_PY/steps.py" stage-key --split-for "$ENC" --flags="$MODEL_FLAGS $EXTRA_FLAGS" \
     --settings "${settings[@]}" stage=vanilla -- "${vanilla_args[@]}" $TRAIN_DEVICE_FLAGS)" || exit 2
   both="$(sed -n 1p <<< "$split")" own="$(sed -n 2p <<< "$split")" key="$(sed -n 3p <<< "$split")"
   # shellcheck disable=SC2206
   vanilla_args+=($both)
   vanilla="$(_vanilla_dir "$key")"
+  # the plans added up (PLAN_TOTALS): the vanilla stage counts once for every variant that shares it
+  if [ -n "${PLAN_TOTALS:-}" ]; then
+    echo "$OUT $TOTAL_UPDATES $CHECKPOINT_DISK $vanilla $STAGE1_END $STAGE1_DISK" >> "$PLAN_TOTALS"
+  fi
   echo "== 1/3 vanilla stage: $vanilla (key $key: every run whose vanilla stage resolves to this configuration shares it)"
   if grep -qs '"finished": true' "$vanilla/stage.json"; then
     echo "   it has finished (an earlier run trained it): the plan above counts it, this run trains from stage 2 on"
@@ -68,6 +72,16 @@ train_warm_started() {
     --finetune-from-model "$vanilla/checkpoint_best.pt" --lr "$half_lr"
     --max-epoch "$FLOATER_EPOCHS" ${FLOATER_MAX_UPDATE:+--max-update $FLOATER_MAX_UPDATE}
     --keep-interval-updates "$AVERAGE" $both)
+  if [ "${FIRST_NODE:-1}" = 1 ]; then
+    # the stages' configurations, resolved in one process (one fairseq import) into the cache the
+    # stage calls below read (fairseq_posenc/recipe/train_config.py: keyed by all they depend on)
+    # shellcheck disable=SC2206
+    local lists=("${vanilla_args[@]}" --save-dir "$vanilla" $TRAIN_DEVICE_FLAGS
+      ::: "${second_args[@]}" --save-dir "$OUT/$ENC" $TRAIN_DEVICE_FLAGS)
+    # shellcheck disable=SC2206
+    [ "$VANILLA_CONTINUED" = 1 ] && lists+=(::: "${control_args[@]}" --save-dir "$OUT/vanilla_continued" $TRAIN_DEVICE_FLAGS)
+    "$PYTHON" "$RECIPE_PY/steps.py" resolve -- "${lists[@]}" || true
+  fi
   if [ "${FIRST_NODE:-1}" = 1 ] && [ "${STAGE_ON_CHANGE:-refuse}" = refuse ]; then
     preflight_stage "$OUT/$ENC" "${settings[@]}" stage="$ENC" -- "${second_args[@]}"
     [ "$VANILLA_CONTINUED" = 1 ] && preflight_stage "$OUT/vanilla_continued" "${settings[@]}" stage=vanilla_continued -- "${control_args[@]}"

@@ -30,8 +30,9 @@ BASE_EXTRA_FLAGS="${EXTRA_FLAGS:-}"
 dry=()
 [ "$DRY_RUN" = 1 ] && dry=(--dry-run)
 generations=() logs=()
+declare -A labels=()  # ENC -> its models' label, the report's row name
 for enc in $ENCODINGS; do
-  files=""
+  files="" label=""
   for seed in $SEEDS; do
     out="$ROOT_OUT/$enc/seed$seed"
     echo "== [$enc seed $seed] -> $out"
@@ -40,16 +41,20 @@ for enc in $ENCODINGS; do
     ENC="$enc" OUT="$out" RESULTS="$RESULTS" SEED="$seed" bash "$HERE/evaluate.sh"  # SEED: in the results label
     # H- and T- lines detokenized for the report's SacreBLEU and chrF; S- lines stay words, the bins' unit
     gen="$out/generate.$TEST_NAME.txt"
-    "$PYTHON" "$SCRIPTS/score_translation.py" detok-generation --generation "$gen" --lang "$TGT" --bpe none \
+    "$PYTHON" "$RECIPE_PY/scoring.py" detok-generation --generation "$gen" --lang "$TGT" --bpe none \
       --out "$out/generate.$TEST_NAME.detok.txt"
     files="${files:+$files,}$out/generate.$TEST_NAME.detok.txt"
+    # the row's name: the trained model's label (evaluate.sh reads it from the checkpoint: alibi (split))
+    seed_label="$(cat "$out/label.$TEST_NAME.txt")"
+    [ -z "$label" ] || [ "$label" = "$seed_label" ] || die "$enc: seed $seed's model is '$seed_label', an earlier seed's '$label'"
+    label="$seed_label"
     logs+=("$gen.log")
   done
-  generations+=("$enc=$files")
+  [ "$DRY_RUN" = 1 ] || { generations+=("$label=$files"); labels[$enc]="$label"; }
 done
 if [ "$DRY_RUN" = 1 ]; then echo "== --dry-run: nothing trained, no report"; exit 0; fi
 echo "== [report] $TEST_NAME per bin of source length (words) -> $ROOT_OUT/bleu_by_length.{md,json,png}"
 # shellcheck disable=SC2086
 "$PYTHON" "$SCRIPTS/bleu_by_length.py" --generation "${generations[@]}" --seeds $SEEDS \
-  ${BASELINE:+--baseline "$BASELINE"} --bins $BINS --unit words --decoding-log "${logs[@]}" \
+  ${BASELINE:+--baseline "${labels[$BASELINE]:-$BASELINE}"} --bins $BINS --unit words --decoding-log "${logs[@]}" \
   --title "IWSLT'14 De-En $TEST_NAME, $(echo "$SEEDS" | wc -w) seed(s)" --out "$ROOT_OUT/bleu_by_length"

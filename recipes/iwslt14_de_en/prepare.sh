@@ -44,7 +44,7 @@ _iwslt_tokenize() {
     for l in "$SRC" "$TGT"; do
       echo "   $split.$l: $(wc -l < "$WORK/raw/$split.$l") lines"
       # shellcheck disable=SC2046
-      "$PYTHON" "$SCRIPTS/text_tools.py" tokenize --plain --lang "$l" --workers "$WORKERS" \
+      "$PYTHON" "$RECIPE_PY/text.py" tokenize --plain --lang "$l" --workers "$WORKERS" \
         $([ $split = test ] && echo --test-set) < "$WORK/raw/$split.$l" > "$WORK/tok/$split.$l.tmp"
       mv "$WORK/tok/$split.$l.tmp" "$WORK/tok/$split.$l"
     done
@@ -55,15 +55,15 @@ _iwslt_tokenize() {
 # split's every-23rd counts the cleaned pairs, as fairseq's
 _iwslt_clean() {
   mkdir -p "$WORK/clean"
-  "$PYTHON" "$SCRIPTS/text_tools.py" clean --src "$WORK/tok/train.$SRC" --tgt "$WORK/tok/train.$TGT" \
+  "$PYTHON" "$RECIPE_PY/text.py" clean --src "$WORK/tok/train.$SRC" --tgt "$WORK/tok/train.$TGT" \
     --out-src "$WORK/clean/train.$SRC" --out-tgt "$WORK/clean/train.$TGT" --ratio 1.5 --min-len 1 --max-len "$MAX_LEN"
 }
 
 _iwslt_lowercase() {
   mkdir -p "$WORK/lc"
   for l in "$SRC" "$TGT"; do
-    "$PYTHON" "$SCRIPTS/text_tools.py" lowercase < "$WORK/clean/train.$l" > "$WORK/lc/train.$l.tmp"
-    "$PYTHON" "$SCRIPTS/text_tools.py" lowercase < "$WORK/tok/test.$l" > "$WORK/lc/test.$l.tmp"
+    "$PYTHON" "$RECIPE_PY/text.py" lowercase < "$WORK/clean/train.$l" > "$WORK/lc/train.$l.tmp"
+    "$PYTHON" "$RECIPE_PY/text.py" lowercase < "$WORK/tok/test.$l" > "$WORK/lc/test.$l.tmp"
     mv "$WORK/lc/train.$l.tmp" "$WORK/lc/train.$l" && mv "$WORK/lc/test.$l.tmp" "$WORK/lc/test.$l"
   done
 }
@@ -82,7 +82,7 @@ _iwslt_split() {
 _iwslt_learn_bpe() {
   mkdir -p "$WORK/bpe"
   if [ "$BPE" = sentencepiece ]; then
-    "$PYTHON" "$SCRIPTS/text_tools.py" spm-train --input "$WORK/split/train.$SRC" "$WORK/split/train.$TGT" \
+    "$PYTHON" "$RECIPE_PY/text.py" spm-train --input "$WORK/split/train.$SRC" "$WORK/split/train.$TGT" \
       --model-prefix "$WORK/bpe/spm" --vocab-size "$BPE_SIZE"
   else
     cat "$WORK/split/train.$SRC" "$WORK/split/train.$TGT" | subword-nmt learn-bpe -s "$BPE_SIZE" > "$WORK/bpe/code.tmp"
@@ -114,17 +114,17 @@ echo "== [1/9] archives: check${RAW_DIR:+ (from --raw-dir, no download)}"
 _fetch
 space=(--work "$WORK" --recipe "$RECIPE")
 [ "${ALLOW_LOW_DISK:-0}" = 1 ] && space+=(--allow-low-disk)
-[ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$SCRIPTS/train_plan.py" prepare-space "${space[@]}" \
+[ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$RECIPE_PY/plan.py" prepare-space "${space[@]}" \
   --sources "$SOURCES" --archives-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" | sed 's/^/   /' || exit 2
-STEP_AFTER="" STEP_SETTINGS="pair=$SRC-$TGT archives=$("$PYTHON" "$SCRIPTS/wmt_data.py" fingerprint \
+STEP_AFTER="" STEP_SETTINGS="pair=$SRC-$TGT archives=$("$PYTHON" "$RECIPE_PY/wmt_data.py" fingerprint \
   --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
   --cache "$WORK/.archives-sha256.json" --upgrade-marker "$WORK/.done/extract")" \
   step extract "[2/9] extract train (train.tags, metadata dropped) / test ($TEST_NAME, .xml) as plain text" _extract
 STEP_SETTINGS="text=iwslt14-moses-1" step tokenize "[3/9] tokenize with sacremoses (no -a, no normalisation)" _iwslt_tokenize
-STEP_SETTINGS="ratio=1.5 len=1-$MAX_LEN" step clean "[4/9] clean training pairs: ratio 1.5, 1-$MAX_LEN tokens" _iwslt_clean
+step clean "[4/9] clean training pairs: ratio 1.5, 1-$MAX_LEN tokens" _iwslt_clean
 step lowercase "[5/9] lowercase" _iwslt_lowercase
-STEP_SETTINGS="valid=$VALID_DESC" step split "[6/9] validation set: $VALID_DESC" _iwslt_split
-STEP_SETTINGS="bpe=$BPE size=$BPE_SIZE" step learn_bpe "[7/9] learn joint $BPE ($BPE_SIZE) on the training part" _iwslt_learn_bpe
+step split "[6/9] validation set: $VALID_DESC" _iwslt_split
+step learn_bpe "[7/9] learn joint $BPE ($BPE_SIZE) on the training part" _iwslt_learn_bpe
 step apply_bpe "[8/9] apply $BPE" _iwslt_apply_bpe
 JOINED_DICTIONARY=0 step preprocess "[9/9] fairseq-preprocess (a dictionary per language) -> $WORK/data-bin" _preprocess
 for split in train valid test; do

@@ -3,7 +3,7 @@
 # checkpoints, fairseq-generate --beam 4 --lenpen 0.6, then SacreBLEU on detokenized output (with
 # its signature) and tokenized BLEU with compound splitting; both lines appended to RESULTS.
 # fairseq's --lenpen 0.6 divides by |Y|^0.6, not by GNMT's ((5+|Y|)/6)^0.6 that Vaswani et al.
-# used; LENPEN_FORM=gnmt decodes with the latter (n-best list reranked, scripts/rerank_lenpen.py).
+# used; LENPEN_FORM=gnmt decodes with the latter (n-best list reranked, fairseq_posenc/recipe/rerank.py).
 #
 #   ENC=sinusoidal ARCH=base bash recipes/wmt14_en_de/evaluate.sh [--dry-run]
 #

@@ -4,7 +4,7 @@
 # its signature) and tokenized BLEU (no compound splitting: that is En-De's convention only);
 # both lines appended to RESULTS. fairseq's --lenpen 0.6 divides by |Y|^0.6, not by GNMT's
 # ((5+|Y|)/6)^0.6 that Vaswani et al. used; LENPEN_FORM=gnmt decodes with the latter (n-best
-# list reranked, scripts/rerank_lenpen.py).
+# list reranked, fairseq_posenc/recipe/rerank.py).
 #
 #   ENC=sinusoidal ARCH=base bash recipes/wmt14_en_fr/evaluate.sh [--dry-run]
 #

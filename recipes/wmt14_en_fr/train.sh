@@ -5,7 +5,7 @@
 #
 #   ENC=sinusoidal ARCH=base bash recipes/wmt14_en_fr/train.sh [--dry-run]
 #
-# It first prints the plan (scripts/train_plan.py: device, tokens per update, updates per epoch,
+# It first prints the plan (fairseq_posenc/recipe/plan.py: device, tokens per update, updates per epoch,
 # where each stage ends, which checkpoints are averaged, disk) and refuses a plan whose averaging
 # cannot work; --dry-run stops there.
 #

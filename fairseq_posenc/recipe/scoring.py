@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """BLEU of a fairseq-generate output, both ways the papers report it, appended to a results file.
 
-    python scripts/score_translation.py score --generation gen.txt --lang de --ref test.raw.de \\
+    python fairseq_posenc/recipe/scoring.py score --generation gen.txt --lang de --ref test.raw.de \\
         --label "wmt14_en_de en-de enc=sinusoidal arch=base newstest2014" --results results.txt
 
 ``gen.txt`` is ``fairseq-generate --remove-bpe`` output over Moses-tokenized text (or its n-best
-list reranked to one hypothesis per sentence by ``scripts/rerank_lenpen.py``). Two lines are
+list reranked to one hypothesis per sentence by ``fairseq_posenc/recipe/rerank.py``). Two lines are
 appended to ``--results`` (atomically, under a lock, so parallel runs do not interleave):
 
 * SacreBLEU (default 13a tokenisation) of the detokenized hypotheses against the raw reference,
@@ -26,7 +26,7 @@ everything: SacreBLEU case-insensitive (``-lc``, signature ``case:lc``) against 
 mixed-case references, and tokenized BLEU on the lowercased tokens against the lowercased
 tokenized references (the T- lines; what fairseq-generate's own BLEU prints on that corpus).
 
-    python scripts/score_translation.py detok-generation --generation gen.txt --lang de \\
+    python fairseq_posenc/recipe/scoring.py detok-generation --generation gen.txt --lang de \\
         --bpe subword_nmt --out gen.detok.txt
 
 keeps the S- lines as they are (for binning by source length in subwords) and rewrites the H-
@@ -43,11 +43,14 @@ import sys
 from typing import List, Optional
 
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.pipeline import parse_generate_output  # noqa: E402
-from text_tools import detokenize_line, read_file  # noqa: E402
+
+try:
+    from .text import detokenize_line, read_file
+except ImportError:  # run as a file by the recipes: python fairseq_posenc/recipe/scoring.py
+    from text import detokenize_line, read_file
 
 
 # target languages whose tokenized BLEU is computed on compound-split tokens (the En-De convention)
@@ -169,7 +172,7 @@ def main(argv: Optional[List[str]] = None):
     try:
         args.fn(args)
     except (ValueError, OSError) as e:
-        parser.exit(2, f"score_translation.py {args.command}: error: {e}\n")
+        parser.exit(2, f"scoring.py {args.command}: error: {e}\n")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 """Fetch the official WMT archives a recipe lists, and extract its corpora as plain text.
 
     # check (or download: DOWNLOAD_TIMEOUT, default 60 s of silence) every archive of a recipe's `sources` file
-    python scripts/wmt_data.py fetch --sources recipes/wmt14_en_de/sources --raw-dir orig/ [--no-download]
+    python fairseq_posenc/recipe/wmt_data.py fetch --sources recipes/wmt14_en_de/sources --raw-dir orig/ [--no-download]
     # one line naming the archives' content (sha256), kept in --cache between runs: the extract step's key
-    python scripts/wmt_data.py fingerprint --sources recipes/wmt14_en_de/sources --raw-dir orig/ --cache FILE
+    python fairseq_posenc/recipe/wmt_data.py fingerprint --sources recipes/wmt14_en_de/sources --raw-dir orig/ --cache FILE
     # write train/valid/test.{src,tgt}: training corpora concatenated, .sgm test sets read as text
-    python scripts/wmt_data.py extract --sources recipes/wmt14_en_de/sources --raw-dir orig/ \\
+    python fairseq_posenc/recipe/wmt_data.py extract --sources recipes/wmt14_en_de/sources --raw-dir orig/ \\
         --src en --tgt de --out-dir raw/
 
 A `sources` file has two kinds of lines (``#`` starts a comment; fields separated by spaces):
@@ -311,7 +311,7 @@ def _write_digest_cache(cache: str, files: Dict[str, dict]):
         os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"about": "sha256 of the archives, by path, size, mtime, ctime and inode "
-                                "(scripts/wmt_data.py fingerprint)", "files": files}, f, indent=1, sort_keys=True)
+                                "(fairseq_posenc/recipe/wmt_data.py fingerprint)", "files": files}, f, indent=1, sort_keys=True)
         os.replace(tmp, cache)
     except OSError as e:
         print(f"   (the archives' sha256 could not be kept in {cache}: {e}; the next run reads them again)",
@@ -330,7 +330,7 @@ def legacy_fingerprint(archives: List[Archive], raw_dir: str) -> str:
 
 
 def upgrade_marker(marker: str, archives: List[Archive], raw_dir: str, new: str, key: str = "archives") -> bool:
-    """A step marker (scripts/steps.py's JSON) whose ``key`` setting is the legacy fingerprint of
+    """A step marker (fairseq_posenc/recipe/steps.py's JSON) whose ``key`` setting is the legacy fingerprint of
     these very archives (same names, sizes and dates: what earlier versions trusted) gets ``new``
     in its place, its stamp kept, so that neither it nor the steps after it run again. Anything
     else (no marker, another value, another format) is left as it is. True when upgraded."""
@@ -513,7 +513,7 @@ def main(argv: Optional[List[str]] = None):
                                                      "(by path, size, mtime, ctime and inode)")
     p_print.add_argument("--upgrade-marker", default="", metavar="MARKER",
                          help="a step marker recording the earlier size-and-date fingerprint of these same "
-                              "archives gets the new one instead (scripts/steps.py's JSON, setting 'archives')")
+                              "archives gets the new one instead (fairseq_posenc/recipe/steps.py's JSON, setting 'archives')")
     p_extract = sub.add_parser("extract", help="write SPLIT.{src,tgt} from the archives' members")
     p_extract.add_argument("--out-dir", required=True)
     for p in (p_fetch, p_extract, p_print):

@@ -4,10 +4,10 @@ and the run of the step before it; it is stale (redone, and so is every step aft
 setting changed, its marker is missing, or the step before it ran again since.
 
     # exit 0: up to date; exit 1: stale, with one line saying why
-    python scripts/steps.py check --dir data/x/.done --name learn_bpe --after tokenize \\
+    python fairseq_posenc/recipe/steps.py check --dir data/x/.done --name learn_bpe --after tokenize \\
         --settings BPE=subword-nmt BPE_SIZE=40000
     # record that the step finished with these settings (after its outputs are written)
-    python scripts/steps.py done --dir data/x/.done --name learn_bpe --after tokenize \\
+    python fairseq_posenc/recipe/steps.py done --dir data/x/.done --name learn_bpe --after tokenize \\
         --settings BPE=subword-nmt BPE_SIZE=40000
 
 A marker is JSON: {"settings": {...}, "after": STAMP of the previous step, "stamp": this run's}.
@@ -23,10 +23,17 @@ argument list after --), the settings fairseq's configuration does not hold, the
 stage it starts from, and, once finished, its own stamp:
 
     # prints start | resume | skip | restart and why; exit 2 (one line) when it must refuse
-    python scripts/steps.py stage --save-dir runs/x/floater --settings data=FINGERPRINT stage=floater \
+    python fairseq_posenc/recipe/steps.py stage --save-dir runs/x/floater --settings data=FINGERPRINT stage=floater \
         --after-dir runs/x/vanilla [--on-change restart] [--act] -- DATA_BIN --arch ... --save-dir runs/x/floater
     # after fairseq-train: finished (its checkpoints say so, whatever its exit code) or exit 2
-    python scripts/steps.py stage-end --save-dir runs/x/floater --exit-code $?
+    python fairseq_posenc/recipe/steps.py stage-end --save-dir runs/x/floater --exit-code $?
+
+Resolving a configuration imports fairseq (seconds). The resolved configurations are kept in a
+cache keyed by everything a resolution reads (train_config.cache_key: the argument list, the
+plugin's source, the versions of fairseq and its stack, the GPUs torch sees), so a stage decided
+again (a re-run, a pre-flight) or resolved ahead (``resolve -- ARGS ::: ARGS ...``: FLOATER's
+stages in one process) costs no import. FAIRSEQ_POSENC_CACHE names its directory (default
+~/.cache/fairseq_posenc); empty, nothing is cached.
 """
 import argparse
 import glob
@@ -145,10 +152,11 @@ def input_settings(items: List[str]) -> Dict[str, str]:
 def _stages():
     """The two modules alone, not the plugin package (which imports fairseq and registers models):
     ending a stage reads checkpoints only, and fairseq is imported where a configuration is resolved."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_posenc",
-                                    "recipe"))
-    import stages
-    import train_config
+    try:
+        from . import stages, train_config
+    except ImportError:  # run as a file, as the recipes do: this folder is on sys.path
+        import stages
+        import train_config
 
     return stages, train_config
 
@@ -159,11 +167,13 @@ def main(argv: Optional[List[str]] = None):
     train_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["check", "done", "fingerprint", "stage", "stage-end", "stage-key"],
+    parser.add_argument("command", choices=["check", "done", "fingerprint", "stage", "stage-end", "stage-key", "resolve"],
                         help="check: exit 1 if stale; done: write the marker; fingerprint PATH...: print content "
                              "fingerprints; stage: what a training stage must do (fairseq-train's arguments after "
                              "--); stage-end: after fairseq-train, whether the stage finished; stage-key: 12 hex "
-                             "digits naming the run of fairseq-train's arguments after -- wherever it lies")
+                             "digits naming the run of fairseq-train's arguments after -- wherever it lies; resolve: "
+                             "the configurations of several argument lists after --, separated by :::, into the "
+                             "cache in one process (one fairseq import for the stage calls that follow)")
     parser.add_argument("paths", nargs="*", help="fingerprint: the files or directories")
     parser.add_argument("--training-data", action="store_true",
                         help="fingerprint: of a data-bin, only what fairseq-train reads (dictionaries, train, valid)")
@@ -207,18 +217,33 @@ def main(argv: Optional[List[str]] = None):
             for path in args.paths:
                 print(fingerprint(path, TRAINING_DATA if args.training_data else None))
             return
-        if args.command in ("stage", "stage-end", "stage-key"):
+        if args.command in ("stage", "stage-end", "stage-key", "resolve"):
             stages, train_config = _stages()
+            if args.command == "resolve":
+                lists, current = [], []
+                for arg in train_args + [":::"]:
+                    if arg == ":::":
+                        lists.append(current)
+                        current = []
+                    else:
+                        current.append(arg)
+                for one in lists:
+                    try:  # one fairseq would refuse: the stage call that follows says why
+                        train_config.resolve(one, None, config_cache())
+                    except ValueError:
+                        pass
+                return
             if args.command == "stage-key":
                 if args.split_for:  # FLOATER's protocol: its two kinds of model flags first (recipe/flags.py)
-                    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
                     from fairseq_posenc.recipe import flags
 
                     both, own = flags.split(args.split_for, args.flags.split())
                     print(" ".join(both))
                     print(" ".join(own))
                     train_args = train_args + both
-                print(train_config.identity(train_config.resolve(train_args, fingerprint), settings_list(settings)))
+                print(train_config.identity(train_config.resolve(train_args, fingerprint, config_cache()),
+                                            settings_list(settings)))
                 return
             if not args.save_dir:
                 parser.error(f"{args.command} needs --save-dir")
@@ -230,7 +255,7 @@ def main(argv: Optional[List[str]] = None):
                 return
             if not train_args:
                 parser.error("stage needs fairseq-train's arguments after --")
-            config = train_config.resolve(train_args, fingerprint)
+            config = train_config.resolve(train_args, fingerprint, config_cache())
             decision, reason = stages.decide(args.save_dir, settings, config, args.after_dir, args.on_change,
                                              args.adopt, args.preflight)
             if args.act:
@@ -248,6 +273,16 @@ def main(argv: Optional[List[str]] = None):
     if reason:
         print(reason)
         sys.exit(1)
+
+
+def config_cache() -> Optional[str]:
+    """Where resolved fairseq configurations are kept (train_config.resolve: keyed by everything
+    the resolution reads, so never stale): FAIRSEQ_POSENC_CACHE/train-configs, by default under
+    XDG_CACHE_HOME or ~/.cache; FAIRSEQ_POSENC_CACHE= (empty) resolves every time."""
+    root = os.environ.get("FAIRSEQ_POSENC_CACHE")
+    if root is None:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fairseq_posenc")
+    return os.path.join(root, "train-configs") if root else None
 
 
 def settings_list(settings: Dict[str, str]) -> List[str]:

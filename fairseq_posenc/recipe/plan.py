@@ -3,14 +3,14 @@
 checkpoints, averaging, disk; and, after training, whether a run reached its target.
 
     # print the plan (and write the settings the recipe uses to --env-out, as shell assignments)
-    python scripts/train_plan.py plan --data-bin data/wmt14_en_fr/data-bin --src en --tgt fr \\
+    python fairseq_posenc/recipe/plan.py plan --data-bin data/wmt14_en_fr/data-bin --src en --tgt fr \\
         --arch big --stage train 300000 - --average 20 [--gpus auto] [--device auto] \\
         [--precision "--fp16"] [--max-tokens 4096] [--update-freq auto] [--env-out plan.env]
     # exit 0 if the checkpoint reached the stage's end, 3 (one line saying where it stopped) if not
-    python scripts/train_plan.py check-finished --checkpoint runs/x/checkpoint_last.pt \\
+    python fairseq_posenc/recipe/plan.py check-finished --checkpoint runs/x/checkpoint_last.pt \\
         --max-update 100000 [--max-epoch 30]
     # exit 2 (one line) if prepare.sh's corpus would not fit on the disk of --work
-    python scripts/train_plan.py prepare-space --work data/x --recipe wmt14_en_de --sources S \\
+    python fairseq_posenc/recipe/plan.py prepare-space --work data/x --recipe wmt14_en_de --sources S \\
         --archives-dir data/archives --src en --tgt de      # or --raw-text data/x/raw once extracted
 
 World: the processes of every node (find_world): NNODES > 1 runs torchrun on each node (the
@@ -32,7 +32,8 @@ En-De's lengths than with 4096-token batches).
 
 Time and memory (--tokens-per-second, IWSLT's plan): the updates x this corpus's target tokens
 an update / an assumed speed (fairseq's wps), and the GPU memory of weights, gradients and Adam.
-`lengths` prints a corpus side's length distribution and what a short-to-long split would keep.
+length_distribution: a corpus side's length distribution and what a short-to-long split would keep
+(what ``scripts/length_split.py --lengths-only`` prints).
 
 Updates per epoch: the batches fairseq-train makes of the binarized training set (the .idx
 sizes, sorted and cut by fairseq's own batch_by_size at --max-tokens), shared by the GPUs,
@@ -185,7 +186,7 @@ class World:
     per_node: int  # processes a node: one per GPU (on the CPU, as many as asked)
     node_rank: int
     first: bool  # this process writes the shared files (the first process of the first node)
-    launch_id: str = ""  # what every node of this launch shares (scripts/steps.py stage --launch)
+    launch_id: str = ""  # what every node of this launch shares (fairseq_posenc/recipe/steps.py stage --launch)
     flags: Optional[List[str]] = None  # fairseq-train's distributed flags
     command: Optional[List[str]] = None  # what starts fairseq-train on this node ([]: it is run itself)
     how: str = ""
@@ -374,7 +375,7 @@ def batch_layout(src_sizes, tgt_sizes, max_tokens: int):
     import numpy as np
     from fairseq.data import data_utils
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from fairseq_posenc import compat
 
     compat.keep_last_batch()
@@ -593,6 +594,7 @@ def make_plan(args) -> Dict[str, str]:
             # a stage another starts from keeps best, last and its last interval checkpoint
             # (--keep-interval-updates 1)
             disk += 3 * checkpoint
+            values[f"STAGE{number}_DISK"] = str(3 * checkpoint)
             continue
         saved = interval_checkpoints(end, interval, per_epoch)
         averaged = saved[-args.average:]
@@ -698,23 +700,43 @@ def length_distribution(path: str, train_below: int, bins: List[int]) -> List[st
 
 def totals(plans: str, out: str, allow: bool = False) -> List[str]:
     """Lines adding up the plans in ``plans`` (one ``OUT UPDATES DISK`` line per model, as
-    recipes/common.sh's plan_training appends them), the disk checked against ``out``'s filesystem."""
+    recipes/common.sh's plan_training appends them), the disk checked against ``out``'s filesystem.
+    A model whose first stage is shared (FLOATER's and RNN's vanilla stage, in one directory keyed
+    by its configuration: recipes/floater/protocol.sh) appends ``SHARED_DIR UPDATES DISK`` of that
+    stage: its updates and checkpoints count once for every model that names the same directory."""
     rows = [line.split() for line in open(plans, encoding="utf-8") if line.strip()]
     if not rows:
         raise PlanError(f"no plan in {plans}")
+    if any(len(r) not in (3, 6) for r in rows):
+        raise PlanError(f"{plans}: a line is OUT UPDATES DISK [SHARED_DIR UPDATES DISK]")
     updates = sum(int(r[1]) for r in rows)
     disk = sum(int(r[2]) for r in rows)
-    return [f"total for {len(rows)} model(s): {updates} updates, about {human_bytes(disk)} of checkpoints",
-            "disk: " + check_space(out, disk, bytes_under(out, ".pt"), "they need", allow)]
+    sharing: Dict[str, List[List[str]]] = {}
+    for r in rows[:]:
+        if len(r) == 6:
+            sharing.setdefault(r[3], []).append(r)
+    notes = []
+    for directory, users in sharing.items():
+        # every model after the first that names it: its shared stage is already counted
+        updates -= sum(int(r[4]) for r in users[1:])
+        disk -= sum(int(r[5]) for r in users[1:])
+        if len(users) > 1:
+            notes.append(f"{os.path.basename(directory)} ({int(users[0][4])} updates) shared by {len(users)} models, "
+                         f"counted once")
+    line = f"total for {len(rows)} model(s): {updates} updates, about {human_bytes(disk)} of checkpoints"
+    if notes:
+        line += "; " + ", ".join(notes)
+    return [line, "disk: " + check_space(out, disk, bytes_under(out, ".pt"), "they need", allow)]
 
 
 def read_progress(path: str):
     """(updates, finished epochs) of a fairseq checkpoint (fairseq_posenc/recipe/stages.py reads it)."""
     if not os.path.isfile(path):
         raise PlanError(f"no checkpoint {path}: has training run?")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_posenc",
-                                    "recipe"))
-    import stages
+    try:
+        from . import stages
+    except ImportError:  # run as a file: this folder is on sys.path
+        import stages
 
     return stages.read_progress(path)
 
@@ -803,11 +825,6 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--plans", required=True, help="a file of OUT UPDATES DISK lines, one per model")
     p.add_argument("--out", required=True, help="where the models go: its filesystem's free space is checked")
     p.add_argument("--allow-low-disk", action="store_true", help="only say it when the space is short")
-    p = sub.add_parser("lengths", help="the length distribution of a corpus side, and what a short-to-long split "
-                                       "at --train-below with --bins would train on and test")
-    p.add_argument("--text", required=True, help="one sentence a line (DATA/train.SRC: subwords; train.tok.SRC: words)")
-    p.add_argument("--train-below", type=int, default=80, help="TRAIN_BELOW of recipes/extrapolation/run.sh")
-    p.add_argument("--bins", type=int, nargs="*", default=[80, 100, 120, 140], help="BINS of recipes/extrapolation/run.sh")
     p = sub.add_parser("check-finished", help="exit 3 unless the checkpoint reached --max-update or --max-epoch")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--max-update", type=int, help="the stage's --max-update")
@@ -818,16 +835,16 @@ def main(argv: Optional[List[str]] = None):
             if args.average < 1:
                 raise PlanError("--average must be at least 1")
             values = make_plan(args)
-        elif args.command == "lengths":
-            for line in length_distribution(args.text, args.train_below, args.bins):
-                print("| " + line)
         elif args.command == "totals":
             for line in totals(args.plans, args.out, args.allow_low_disk):
                 print("| " + line)
         elif args.command == "prepare-space":
             archives = []
             if not args.raw_text:
-                from wmt_data import archive_path, read_sources
+                try:
+                    from .wmt_data import archive_path, read_sources
+                except ImportError:  # run as a file: this folder is on sys.path
+                    from wmt_data import archive_path, read_sources
 
                 corpora = read_sources(args.sources, args.src, args.tgt)[1]
                 archives = [archive_path(args.archives_dir, name) for name in sorted({c.archive for c in corpora})]
@@ -842,7 +859,7 @@ def main(argv: Optional[List[str]] = None):
         elif args.command == "check-finished":
             print("| " + check_finished(args.checkpoint, args.max_update, args.max_epoch))
     except PlanError as e:
-        parser.exit(3 if args.command == "check-finished" else 2, f"train_plan.py: error: {e}\n")
+        parser.exit(3 if args.command == "check-finished" else 2, f"plan.py: error: {e}\n")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 """Pick each sentence's hypothesis from a fairseq-generate n-best list by a length penalty of your choice.
 
     fairseq-generate DATA --path model.pt --beam 4 --nbest 4 --unnormalized ... > gen.nbest.txt
-    python scripts/rerank_lenpen.py --generation gen.nbest.txt --form gnmt --alpha 0.6 --beam 4 \\
+    python fairseq_posenc/recipe/rerank.py --generation gen.nbest.txt --form gnmt --alpha 0.6 --beam 4 \\
         --out gen.txt
 
 Two forms of length penalty, both dividing a hypothesis' summed log-probability log P(Y|X):
@@ -47,8 +47,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from text_tools import read_file  # noqa: E402  (lines split at "\n" only, as fairseq wrote them)
+try:  # lines split at "\n" only, as fairseq wrote them
+    from .text import read_file
+except ImportError:  # run as a file by the recipes: python fairseq_posenc/recipe/rerank.py
+    from text import read_file
 
 FORMS = ("fairseq", "gnmt")
 # printed P- values are rounded to 4 decimals; float32 machine epsilon for the sums fairseq kept
@@ -180,7 +182,7 @@ def rerank(sentences: List[Sentence], alpha: float, form: str) -> List[str]:
 
 def main(argv: Optional[List[str]] = None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="See the module docstring (python -m pydoc scripts/rerank_lenpen.py) "
+                                     epilog="See the module docstring (python -m pydoc fairseq_posenc/recipe/rerank.py) "
                                             "for why this equals decoding with that penalty.")
     parser.add_argument("--generation", required=True,
                         help="fairseq-generate output decoded with --nbest BEAM and --unnormalized (or --lenpen 0)")
@@ -212,11 +214,11 @@ def main(argv: Optional[List[str]] = None):
         else:
             write_text_atomically(args.out, text)
     except (ValueError, OSError) as e:
-        parser.exit(2, f"rerank_lenpen.py: error: {e}\n")
+        parser.exit(2, f"rerank.py: error: {e}\n")
     chosen = [choose(s.hypotheses, args.alpha, args.form) for s in sentences]
     other = "gnmt" if args.form == "fairseq" else "fairseq"
     differs = sum(c != choose(s.hypotheses, args.alpha, other) for c, s in zip(chosen, sentences))
-    print(f"rerank_lenpen.py: {len(sentences)} sentences, {min(counts)}-{max(counts)} hypotheses each; "
+    print(f"rerank.py: {len(sentences)} sentences, {min(counts)}-{max(counts)} hypotheses each; "
           f"{args.form} length penalty, alpha {args.alpha}: the best by raw score replaced in "
           f"{sum(c != 0 for c in chosen)}, {other}'s form would pick another in {differs}", file=sys.stderr)
 

@@ -1,0 +1,298 @@
+#!/usr/bin/env python
+"""Mutation testing of the position encodings, kept tables, update hooks, study report and stage
+decision (developer tool, run by hand, not in CI): which changes to the code no test notices.
+
+    .venv/bin/python scripts/mutation_test.py [--per-file 4] [--files kept.py,t5.py] [--rev HEAD]
+        [--tests-from worktree|REV] [--with-tests tests/a.py,...] [--out /tmp/posenc-mutation]
+
+Mutates a copy, never the checkout: ``git archive REV`` (default HEAD) is unpacked into --out,
+its tests replaced by the work tree's (``--tests-from worktree``, the default) or another
+revision's, and then the files named in --with-tests by the work tree's. The copy has no FLOATER C++ loops (``_floater_rk4*.so`` is not in git, none is built
+there, and a stub keeps the checkout's from being imported), so FLOATER runs the mutated Python; the copy is first on PYTHONPATH, so
+the tests and the fairseq-train/-generate processes they start (``--user-dir`` is the imported
+package's folder) load the mutated files. Both are checked before any mutant runs.
+
+Two kinds of mutants, for each file in ``TARGETS`` with the tests listed for it there:
+
+- cosmic-ray's (pinned in requirements.txt), restricted to the operators in ``OPERATORS``
+  (flip a sign, + <-> -, a comparison's bound, True <-> False, a condition negated, a number
+  changed: "change a default"), sampled: at most --per-file mutants a file, chosen with a fixed
+  seed, so that the run fits its budget (about 30 minutes on 2 idle cores at the default 2);
+- ``NAMED``: mutations that matter here, written out (swap left and right, drop a term of an
+  equation, skip a cache check, change a default), each run against its file's tests.
+
+Each mutant runs its file's tests with ``pytest -x`` under a timeout (a timeout counts as
+killed). Prints the kill rate per file and every surviving mutant as a diff, and writes them to
+--out/report.json.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+P = "fairseq_posenc/positions/"
+
+ENCODINGS = ["tests/test_position_encodings.py"]  # every registered encoding, its shared properties
+FUNCTIONS = ["tests/test_position_functions.py"]  # the bias functions against their papers' formulas
+#: file -> the tests that cover it (fast ones first: pytest -x stops at the first failure)
+TARGETS = {
+    P + "__init__.py": ENCODINGS,
+    P + "alibi.py": FUNCTIONS + ENCODINGS,
+    P + "base.py": ["tests/test_position_schemes.py", "tests/test_kept_tables.py"],
+    P + "bias_scale.py": ["tests/test_position_bias_scale.py"],
+    P + "diet_abs.py": FUNCTIONS + ENCODINGS,
+    P + "diet_rel.py": FUNCTIONS + ENCODINGS,
+    P + "floater.py": ["tests/test_floater.py", "tests/test_plot_positions.py"],
+    P + "floater_schedule.py": ["tests/test_floater_schedule.py"],
+    P + "floater_solver.py": ["tests/test_floater_solver.py", "tests/test_plot_positions.py"],
+    P + "kept.py": ["tests/test_kept_tables.py"],
+    P + "learned.py": ENCODINGS,
+    P + "none.py": ENCODINGS,
+    P + "rnn.py": ["tests/test_rnn_positions.py"],
+    P + "rope.py": FUNCTIONS + ENCODINGS,
+    P + "segments.py": ["tests/test_position_blocks.py"],
+    P + "sharing.py": ["tests/test_position_blocks.py"],
+    P + "shaw.py": ["tests/test_shaw_offsets.py"] + ENCODINGS,
+    P + "sinusoidal.py": ENCODINGS,
+    P + "t5.py": FUNCTIONS + ENCODINGS,
+    "fairseq_posenc/update_hooks.py": ["tests/test_update_hooks.py", "tests/test_kept_tables.py",
+                                       "tests/test_floater_schedule.py"],
+    "fairseq_posenc/study_report.py": ["tests/test_seed_interval.py", "tests/test_study_report.py"],
+    "fairseq_posenc/recipe/stages.py": ["tests/test_stage_launches.py"],
+    "fairseq_posenc/recipe/train_config.py": ["tests/test_train_config.py"],
+}
+#: tests that check the build, not the code (the copy has no C++ loops on purpose)
+DESELECT = ["tests/test_floater_solver.py::test_the_c_plus_plus_loops_are_built_where_a_compiler_is_found"]
+
+#: cosmic-ray's operators used (a regex each; the others are not run): the kinds of change the
+#: position code is sensitive to, without its bit and floor-division variants
+OPERATORS = [
+    r"core/ReplaceBinaryOperator_(Add_Sub|Sub_Add|Mul_Div|Div_Mul)$",
+    r"core/ReplaceUnaryOperator_(USub_UAdd|Delete_USub|Delete_Not)$",
+    r"core/ReplaceComparisonOperator_(Lt_LtE|LtE_Lt|Gt_GtE|GtE_Gt|Eq_NotEq|NotEq_Eq|Is_IsNot|IsNot_Is)$",
+    r"core/(ReplaceTrueWithFalse|ReplaceFalseWithTrue|AddNot|NumberReplacer|ReplaceAndWithOr|ReplaceOrWithAnd)$",
+    r"core/ZeroIterationForLoop$",
+]
+
+#: (file, what, old text, new text): mutations that matter here, beside cosmic-ray's
+NAMED = [
+    (P + "alibi.py", "swap left and right: split ALiBi's two slopes trade sides",
+     "torch.where(offsets[None, :] > 0, right[:, None]", "torch.where(offsets[None, :] < 0, right[:, None]"),
+    (P + "t5.py", "swap left and right: T5's buckets of keys after the query read as before it",
+     "buckets += (relative_position > 0).long() * num_buckets", "buckets += (relative_position < 0).long() * num_buckets"),
+    (P + "floater_solver.py", "drop a term of an equation: RK4's k4 (the hidden-space loops, h narrower than 2d)",
+     "u = u + (q1 + 3 * (q2 + q3) + q4) * (h * 0.125)", "u = u + (q1 + 3 * (q2 + q3)) * (h * 0.125)"),
+    (P + "kept.py", "skip a cache check: kept tables never compare the parameters' values",
+     "torch.equal(t.detach(), v) for t, v in zip(tensors, self._values)", "True for t, v in zip(tensors, self._values)"),
+    (P + "base.py", "skip a cache check: kept tables are never dropped",
+     "            self._tables.clear()\n", "            pass\n"),
+    (P + "floater.py", "flip a sign in a bias: FLOATER's biases subtracted",
+     "x + self._bias(rows, self._state(layer, role, i)) for i, x in enumerate((q, k, v))",
+     "x - self._bias(rows, self._state(layer, role, i)) for i, x in enumerate((q, k, v))"),
+    (P + "shaw.py", "swap left and right: Shaw's offsets j - i read as i - j",
+     "(pos.k_frame[None, :] - pos.q_frame[:, None])", "(pos.q_frame[:, None] - pos.k_frame[None, :])"),
+    (P + "rnn.py", "change a default: the RNN's scalar input is i, not i * dt",
+     "dtype=torch.float32) * self.dt)", "dtype=torch.float32))"),
+    ("fairseq_posenc/study_report.py", "change a default: the interval's 97.5% quantile of the t test",
+     "scipy_stats.t.ppf(0.975, dof)", "scipy_stats.t.ppf(0.95, dof)"),
+]
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def make_copy(out: str, rev: str, tests_from: str, with_tests=()) -> str:
+    tree = os.path.join(out, "tree")
+    shutil.rmtree(tree, ignore_errors=True)
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    if tests_from == "worktree":
+        shutil.rmtree(os.path.join(tree, "tests"))
+        shutil.copytree(os.path.join(ROOT, "tests"), os.path.join(tree, "tests"),
+                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+    elif tests_from != rev:
+        shutil.rmtree(os.path.join(tree, "tests"))
+        archive = subprocess.run(["git", "-C", ROOT, "archive", tests_from, "tests"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    for name in with_tests:  # "tests/x.py", or "SOURCE:tests/x.py" for another file in its place
+        source, _, name = name.rpartition(":") if ":" in name else (os.path.join(ROOT, name), "", name)
+        shutil.copy(source, os.path.join(tree, name))
+    # FLOATER's C++ loops (_floater_rk4*.so) are not in git, so not in the copy; but the editable
+    # install's import finder looks a module of the package up in the checkout when the copy has
+    # none, and would load the checkout's build: a module of that name that refuses to import
+    # sends floater_solver to its Python loops, the ones mutated
+    with open(os.path.join(tree, "fairseq_posenc", "_floater_rk4.py"), "w") as f:
+        f.write('raise ImportError("mutation testing runs the Python loops")\n')
+    return tree
+
+
+def environment(tree: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.path.join(tree, "tests")]),
+               OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    # the work tree's venv on PATH: fairseq-train and fairseq-generate (and pytest) from it
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def out_of_tree(tree: str) -> str:
+    return os.path.dirname(tree)
+
+
+def check_copy(tree: str, env: dict):
+    """The copy is what runs: its package, its --user-dir, FLOATER's Python loops."""
+    code = ("import fairseq_posenc, fairseq_posenc.pipeline as p, fairseq_posenc.positions.floater_solver as s;"
+            "print(fairseq_posenc.__file__); print(p.USER_DIR); print(s._floater_rk4)")
+    package, user_dir, loops = run([sys.executable, "-c", code], cwd=tree, env=env).stdout.splitlines()[-3:]
+    assert package.startswith(tree), f"fairseq_posenc is imported from {package}, not the copy"
+    assert os.path.realpath(user_dir).startswith(os.path.realpath(tree)), f"--user-dir {user_dir} is not the copy"
+    assert loops == "None", "FLOATER's C++ loops are loaded in the copy"
+    # what fairseq-train and fairseq-generate do with --user-dir, in a process of their own
+    code = ("import argparse, sys; from fairseq import utils;"
+            f"utils.import_user_module(argparse.Namespace(user_dir={user_dir!r}));"
+            "print(sys.modules['fairseq_posenc'].__file__)")
+    loaded = run([sys.executable, "-c", code], cwd=out_of_tree(tree), env=env).stdout.splitlines()[-1]
+    assert loaded.startswith(tree), f"fairseq's --user-dir import loads {loaded}, not the copy"
+    print(f"| copy {tree}: fairseq_posenc from {package}, --user-dir {user_dir}, C++ loops: none", flush=True)
+
+
+def pytest_command(tests, timeout):
+    deselect = [a for d in DESELECT if d.split("::")[0] in tests for a in ("--deselect", d)]
+    return (f"timeout {int(timeout)} {sys.executable} -m pytest -x -q -p no:cacheprovider -p no:randomly "
+            f"-o addopts= {' '.join(tests)} {' '.join(deselect)}")
+
+
+def baseline(tree, env, tests, limit):
+    start = time.time()
+    result = subprocess.run(pytest_command(tests, limit), shell=True, cwd=tree, env=env, capture_output=True, text=True)
+    return result.returncode, time.time() - start, result.stdout[-2000:]
+
+
+def cosmic_ray_file(tree, env, path, tests, per_file, timeout, seed, out):
+    """cosmic-ray over one file: init, keep a sample of the allowed operators' mutants, exec."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+
+    tag = path.replace("/", "_")
+    config, session = os.path.join(out, f"{tag}.toml"), os.path.join(out, f"{tag}.sqlite")
+    with open(config, "w") as f:
+        f.write("[cosmic-ray]\n"
+                f'module-path = "{path}"\n'
+                f"timeout = {timeout}\n"
+                "excluded-modules = []\n"
+                f"test-command = {json.dumps(pytest_command(tests, timeout))}\n"
+                '[cosmic-ray.distributor]\nname = "local"\n')
+    if os.path.exists(session):
+        os.remove(session)
+    cosmic = [os.path.join(os.path.dirname(sys.executable), "cosmic-ray")]
+    run(cosmic + ["init", config, session], cwd=tree, env=env)
+    import re
+    allowed = re.compile("|".join(f"(?:{o})" for o in OPERATORS))
+    with use_db(session, WorkDB.Mode.open) as db:
+        items = list(db.pending_work_items)
+        eligible = [i for i in items if all(allowed.match(m.operator_name) for m in i.mutations)]
+        # in the order of the source (job ids are random): the same seed picks the same mutants
+        eligible.sort(key=lambda i: [(m.start_pos, m.end_pos, m.operator_name, m.occurrence) for m in i.mutations])
+        chosen = set(w.job_id for w in random.Random(f"{seed}:{path}").sample(eligible, min(per_file, len(eligible))))
+        for item in items:
+            if item.job_id not in chosen:
+                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+    run(cosmic + ["exec", config, session], cwd=tree, env=env)
+    results = []
+    with use_db(session, WorkDB.Mode.open) as db:
+        for item, result in db.completed_work_items:
+            if result.worker_outcome == WorkerOutcome.SKIPPED:
+                continue
+            m = item.mutations[0]
+            results.append({"file": path, "mutant": f"{m.operator_name} line {m.start_pos[0]}",
+                            "killed": result.test_outcome != TestOutcome.SURVIVED,
+                            "incompetent": result.test_outcome == TestOutcome.INCOMPETENT, "diff": result.diff or ""})
+    return results
+
+
+def named_mutant(tree, env, path, what, old, new, tests, timeout):
+    source_path = os.path.join(tree, path)
+    source = open(source_path).read()
+    if old not in source:
+        return {"file": path, "mutant": what, "killed": None, "diff": f"(not applied: {old!r} is not in {path})"}
+    open(source_path, "w").write(source.replace(old, new))
+    try:
+        result = subprocess.run(pytest_command(tests, timeout), shell=True, cwd=tree, env=env, capture_output=True)
+    finally:
+        open(source_path, "w").write(source)
+    return {"file": path, "mutant": what, "killed": result.returncode != 0, "diff": f"- {old.strip()}\n+ {new.strip()}"}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rev", default="HEAD", help="the source code mutated (default HEAD)")
+    parser.add_argument("--tests-from", default="worktree", help="worktree (default) or a revision")
+    parser.add_argument("--with-tests", default="", help="comma-separated test files taken from the work tree")
+    parser.add_argument("--out", default="/tmp/posenc-mutation")
+    parser.add_argument("--per-file", type=int, default=2, help="cosmic-ray mutants run per file (a sample)")
+    parser.add_argument("--files", default="", help="comma-separated file names (default: every target)")
+    parser.add_argument("--no-named", action="store_true", help="cosmic-ray's mutants only")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--trust-baseline", type=float, default=0, metavar="SECONDS",
+                        help="skip the unmutated run (it passed before, in SECONDS): the mutants' timeout")
+    args = parser.parse_args(argv)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    tree = make_copy(out, args.rev, args.tests_from, [t for t in args.with_tests.split(",") if t])
+    env = environment(tree)
+    check_copy(tree, env)
+    wanted = [w for w in args.files.split(",") if w]
+    targets = {path: tests for path, tests in TARGETS.items()
+               if not wanted or any(path.endswith("/" + w) or path == w for w in wanted)}
+    results, times, started = [], {}, time.time()
+    every = sorted({t for tests in targets.values() for t in tests})
+    if args.trust_baseline:  # the same tests and sources passed unmutated in an earlier run
+        code, took, tail = 0, args.trust_baseline, ""
+    else:
+        code, took, tail = baseline(tree, env, every, 3600)
+    print(f"| the unmutated tests ({len(every)} files): {'pass' if code == 0 else 'FAIL'} in {took:.0f} s", flush=True)
+    if code != 0:
+        sys.exit(f"the tests fail without a mutation; fix that first:\n{tail}")
+    timeout = max(120, took)  # every file's tests together, unmutated: a timeout counts as killed
+    for path, tests in targets.items():
+        start = time.time()
+        if not os.path.exists(os.path.join(tree, path)):
+            continue
+        found = cosmic_ray_file(tree, env, path, tests, args.per_file, timeout, args.seed, out)
+        if not args.no_named:
+            found += [named_mutant(tree, env, path, what, old, new, tests, timeout)
+                      for file, what, old, new in NAMED if file == path]
+        results += found
+        times[path] = time.time() - start
+        ran = [r for r in found if r["killed"] is not None]
+        print(f"| {path}: {sum(r['killed'] for r in ran)}/{len(ran)} killed ({times[path]:.0f} s)", flush=True)
+    print(f"\n{'file':45} {'killed':>8} {'mutants':>8} {'rate':>6}")
+    for path in targets:
+        ran = [r for r in results if r["file"] == path and r["killed"] is not None]
+        if ran:
+            killed = sum(r["killed"] for r in ran)
+            print(f"{path:45} {killed:8} {len(ran):8} {killed / len(ran):6.0%}")
+    ran = [r for r in results if r["killed"] is not None]
+    print(f"{'all':45} {sum(r['killed'] for r in ran):8} {len(ran):8} "
+          f"{sum(r['killed'] for r in ran) / max(1, len(ran)):6.0%}   ({time.time() - started:.0f} s)")
+    print("\nsurvivors:")
+    for r in results:
+        if r["killed"] is False:
+            print(f"- {r['file']}: {r['mutant']}\n{r['diff'].strip()}\n")
+    for r in results:
+        if r["killed"] is None:
+            print(f"- not run: {r['file']}: {r['mutant']}: {r['diff'].strip()[:300]}")
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump({"rev": args.rev, "tests_from": args.tests_from, "per_file": args.per_file, "seed": args.seed,
+                   "results": results, "seconds": times}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
