@@ -85,12 +85,13 @@ def test_unsupported_training_is_refused_when_the_trainer_is_built(data_bin):
 
 
 def test_the_lr_scale_follows_n_unless_given():
-    """C = N by default (floater_schedule.lr_scale says why); a C given is kept, N = 1 keeps 1."""
+    """C = min(N, 10) by default (floater_schedule.lr_scale says why); a C given is kept, N = 1 keeps 1."""
     def scale(*flags):
         return floater(*flags).encoder.position_encoding.ode.dynamics.lr_scale
 
     assert scale() == 1.0
     assert scale("--floater-solve-every", "10") == 10.0
+    assert scale("--floater-solve-every", "100") == 10.0  # capped: C = 100 diverged on the demo
     assert scale("--floater-solve-every", "10", "--floater-lr-scale", "3") == 3.0
     assert scale("--floater-lr-scale", "4") == 4.0
 

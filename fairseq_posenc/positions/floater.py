@@ -79,9 +79,10 @@ class FloaterConfig(PositionBlocksConfig):
         default=None,
         metadata={"help": "floater: h's weights and the initial states W are stored as V with W = C V, so that "
                   "Adam moves them about C times as far per step (a learning rate C times the rest's; weight "
-                  "decay is not scaled). Default: C = N of --floater-solve-every (1 when solving every update), "
-                  "which gives the flow model, stepped once per N updates, the reach of N steps (on the demo, "
-                  "N = 10 with C = 10 trained as N = 1 did, with C = 1 it did not: docs/floater.md). C is saved "
+                  "decay is not scaled). Default: C = min(N, 10), N of --floater-solve-every (1 when solving every "
+                  "update), which gives the flow model, stepped once per N updates, the reach of N steps up to 10 "
+                  "(on the demo, N = 10 with C = 10 trained as N = 1 did, with C = 1 it did not; N = 100 with C = "
+                  "100 diverged at its first flow update, with C = 10 it trained: docs/floater.md). C is saved "
                   "with the weights: loaded under another C they are rescaled to compute the same"},
     )
     floater_dissipation: float = field(

@@ -60,15 +60,23 @@ FLOW = ("initial",) + tuple("dynamics." + name for name in DYNAMICS)
 DDP_BACKENDS = ("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d")
 
 
+#: the default C stops growing with N here: one Adam step moves each weight of h by about C lr, and
+#: at N = 100 the demo's first flow update with C = 100 (0.17 per weight) blew the flow up (loss
+#: 3.86 -> 4.60 within 50 updates, gnorm 9e11 by update 300), where C = 10 trained (docs/floater.md)
+MAX_DEFAULT_LR_SCALE = 10.0
+
+
 def lr_scale(solve_every: int, scale: Optional[float]) -> float:
-    """``--floater-lr-scale``: C = N unless the user gave one.
+    """``--floater-lr-scale``: C = min(N, 10) unless the user gave one.
 
     Why N: under Adam every step moves a weight by about lr, so in N updates the exact model (N = 1)
     can move h by up to N lr; with the flow model updated once per N updates, C = N gives it the
     same reach. Measured on the demo (800 updates, seed 1, BLEU by source length, 3-12 / 13-18 /
     19-24 / 25+ words): N = 1 99.4 / 65.6 / 24.1 / 9.4, N = 10 with C = 1 99.9 / 41.8 / 1.0 / 0.4,
-    N = 10 with C = 10 99.4 / 68.8 / 25.6 / 7.6 (docs/floater.md)."""
-    return float(solve_every) if scale is None else float(scale)
+    N = 10 with C = 10 99.4 / 68.8 / 25.6 / 7.6 (docs/floater.md). Why at most 10: a single step of
+    N lr is not N steps of lr (no feedback between them); at N = 100, C = 100 diverged and C = 10
+    gave 99.2 / 71.5 / 40.7 / 23.3 (seed 1)."""
+    return min(float(solve_every), MAX_DEFAULT_LR_SCALE) if scale is None else float(scale)
 
 
 def check(solve_every: int, scale: float):
