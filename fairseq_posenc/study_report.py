@@ -481,9 +481,11 @@ def plot(report: Dict, path: str, title: str = ""):
             bleu_err = [[r["bleu"] - r["pooled_bleu_interval"][0] for r in rows],
                         [r["pooled_bleu_interval"][1] - r["bleu"] for r in rows]]
             bleu_err = [[max(0.0, e) for e in side] for side in bleu_err]
-        left.errorbar(xs, [r["bleu"] for r in rows], yerr=bleu_err, marker="o", capsize=3, label=model)
-        right.errorbar(xs, [r["ratio"] for r in rows], yerr=[r["ratio_std"] for r in rows], marker="o",
-                       capsize=3, label=model)
+        # matplotlib's cycle has 10 colours: the 11th model onwards is told apart by line and marker
+        style = {"marker": "os^D"[k // 10 % 4], "linestyle": ("-", "--", ":", "-.")[k // 10 % 4]}
+        left.errorbar(xs, [r["bleu"] for r in rows], yerr=bleu_err, capsize=3, label=model, **style)
+        right.errorbar(xs, [r["ratio"] for r in rows], yerr=[r["ratio_std"] for r in rows], capsize=3,
+                       label=model, **style)
     spread = f"mean ± std over {n_seeds} seeds" if n_seeds > 1 else "bootstrap 95% interval"
     for ax in (left, right):
         ax.set_xticks(range(len(names)), names)
