@@ -216,13 +216,12 @@ def warm_start_flags(row: Row, seed: int, out: str, args) -> list:
     the paper) with the row's own flags, or the control, the sinusoidal model trained on; N
     updates at half the lr, each."""
     start = os.path.join(out, "checkpoints", "sinusoidal", f"seed{seed}", "checkpoint_best.pt")
-    floater = row.encoding == "floater"
-    flags = pipeline.toy_train_flags("floater" if floater else "sinusoidal", args.warm_start, seed,
-                                     size=args.size, lr=args.lr / 2, max_tokens=args.max_tokens)
-    flags += ["--max-source-positions", str(MAX_POSITIONS), "--max-target-positions", str(MAX_POSITIONS)]
-    if floater:
-        return flags + ["--floater-init-from", start] + OVERRIDES["floater"] + row.flags
-    return flags + ["--finetune-from-model", start]
+    encoding = "floater" if row.encoding == "floater" else "sinusoidal"
+    flags = pipeline.toy_train_flags(encoding, args.warm_start, seed, size=args.size, lr=args.lr / 2,
+                                     max_tokens=args.max_tokens)
+    if encoding == "floater":
+        return flags + ["--floater-init-from", start] + model_flags(encoding, args) + row.flags
+    return flags + model_flags(encoding, args) + ["--finetune-from-model", start]
 
 
 def run_one(n: int, total: int, row: Row, seed: int, data_bin: str, out: str, args, tgt_lang: str):
