@@ -16,10 +16,11 @@ die() { echo "$(basename "$0"): $*" >&2; exit 2; }
 # step NAME DESCRIPTION CMD...: run CMD unless an earlier run finished it with the same inputs
 # ($WORK/.done/NAME, see fairseq_posenc/recipe/steps.py). What a step's outputs depend on is
 # derived from the step itself (step_key): its command line, the source of every shell function it
-# runs, and the value of every variable those functions read. It declares only what the shell
-# cannot see: STEP_INPUTS="NAME=PATH ..." (files or directories it reads, by content),
-# STEP_SETTINGS="KEY=VALUE ..." (no spaces inside a value: what a program it runs does that its
-# command line does not say, such as the tokenizer's version) and the step before it (STEP_AFTER,
+# runs, the value of every variable those functions read, and the code of the programs they run
+# (Python files and the Python environment's commands: fairseq_posenc/recipe/programs.py). It
+# declares only what the shell cannot see: STEP_INPUTS="NAME=PATH ..." (files or directories it
+# reads, by content), STEP_SETTINGS="KEY=VALUE ..." (no spaces inside a value: what it reads that
+# is neither, such as the archives' content fingerprint) and the step before it (STEP_AFTER,
 # default the previous step called), whose redoing redoes it, so a change redoes everything after
 # it. Each step writes its outputs before its marker: an interrupted step is redone whole.
 LAST_STEP=""
@@ -67,6 +68,21 @@ step_key() {
     done
   done
   echo "step.source=$(printf '%s' "$_sk_source" | sha1sum | cut -c1-12)"
+  # the programs it runs, keyed by their code by steps.py (recipe/programs.py): Python files named
+  # by $RECIPE_PY or $SCRIPTS in the functions or by path in the command line, and the commands of
+  # the Python environment (fairseq-preprocess, subword-nmt) that the functions name
+  local _sk_bin; _sk_bin="$(dirname "$(command -v "${PYTHON:-python}")")"
+  for _sk_word in $(grep -oE '\$\{?(RECIPE_PY|SCRIPTS)\}?/[A-Za-z0-9_]+\.py' <<< "$_sk_source" | sort -u); do
+    _sk_f="${_sk_word#\$}"; _sk_f="${_sk_f#\{}"; _sk_value="${_sk_f%%/*}"; _sk_value="${_sk_value%\}}"
+    echo "program=${!_sk_value}/${_sk_f#*/}"
+  done
+  for _sk_word in "$@"; do
+    case "$_sk_word" in *.py) [ -f "$_sk_word" ] && echo "program=$_sk_word" ;; esac
+  done
+  for _sk_word in $(grep -oE '(^|[^A-Za-z0-9_./$-])[A-Za-z][A-Za-z0-9_-]*' <<< "$_sk_source" | grep -oE '[A-Za-z][A-Za-z0-9_-]*' | sort -u); do
+    case "$_sk_word" in python*|pip*) continue ;; esac
+    [ -f "$_sk_bin/$_sk_word" ] && echo "program=$_sk_word"
+  done
   for _sk_word in $(tr ' ' '\n' <<< "$_sk_names" | sort -u); do
     case "$STEP_UNKEYED$_sk_own" in *" $_sk_word "*) continue ;; esac
     case "$_sk_word" in STEP_*|_sk_*) continue ;; esac
@@ -85,7 +101,11 @@ step() {
   STEP_SETTINGS="" ; STEP_INPUTS="" ; STEP_REDO_HINT="" ; unset STEP_AFTER
   local declared=(--dir "$WORK/.done" --name "$name" --after "$after")
   # shellcheck disable=SC2206
-  declared+=(--settings $settings "${STEP_DERIVED[@]}")
+  local derived=() programs=() line
+  for line in "${STEP_DERIVED[@]}"; do
+    case "$line" in program=*) programs+=("${line#program=}") ;; *) derived+=("$line") ;; esac
+  done
+  declared+=(--settings $settings "${derived[@]}" --program "${programs[@]}")
   # shellcheck disable=SC2206
   [ -n "$inputs" ] && declared+=(--input $inputs)
   reason="$("$PYTHON" "$RECIPE_PY/steps.py" check "${declared[@]}")" && {
@@ -274,13 +294,13 @@ prepare_corpus() {
   local space=(--work "$WORK" --recipe "$RECIPE" $([ "${ALLOW_LOW_DISK:-0}" = 1 ] && echo --allow-low-disk))
   [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$RECIPE_PY/plan.py" prepare-space "${space[@]}" \
     --sources "$SOURCES" --archives-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" | sed 's/^/   /' || exit 2
-  STEP_AFTER="" STEP_SETTINGS="pair=$SRC-$TGT archives=$("$PYTHON" "$RECIPE_PY/wmt_data.py" fingerprint \
+  STEP_AFTER="" STEP_SETTINGS="archives=$("$PYTHON" "$RECIPE_PY/wmt_data.py" fingerprint \
     --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
     --cache "$WORK/.archives-sha256.json" --upgrade-marker "$WORK/.done/extract")" \
     step extract "[2/8] extract train / valid ($VALID_NAME) / test ($TEST_NAME) as plain text" _extract
   [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$RECIPE_PY/plan.py" prepare-space "${space[@]}" \
     --raw-text "$WORK/raw" | sed 's/^/   /' || exit 2
-  STEP_SETTINGS="text=fairseq-moses-1" step tokenize "[3/8] normalise and tokenize with sacremoses" _tokenize
+  step tokenize "[3/8] normalise and tokenize with sacremoses" _tokenize
   step split "[4/8] validation set: $VALID_DESC" _split_valid
   step learn_bpe "[5/8] learn joint $BPE ($BPE_SIZE)" _learn_bpe
   step apply_bpe "[6/8] apply $BPE" _apply_bpe

@@ -39,31 +39,38 @@ P = "fairseq_posenc/positions/"
 
 ENCODINGS = ["tests/test_position_encodings.py"]  # every registered encoding, its shared properties
 FUNCTIONS = ["tests/test_position_functions.py"]  # the bias functions against their papers' formulas
-#: file -> the tests that cover it (fast ones first: pytest -x stops at the first failure)
+SCHEMES = ["tests/test_position_schemes.py"]  # each scheme's equations, sharing, DIET's segment attention
+DIET = ["tests/test_diet_init.py"]  # DIET's initialisation, smallest distance, default segment count
+BLOCKS = ["tests/test_position_blocks.py"]  # --position-blocks all (learned, sinusoidal)
+#: file -> the tests that cover it (fast ones first: pytest -x stops at the first failure). Seconds
+#: for each test file alone, one thread, on a loaded 2-core machine (rough): functions 5, schemes 5,
+#: encodings 8, diet_init 7-11, stage_launches 7, kept_tables 16, floater 23, floater_bounded 28,
+#: alibi_encoder 42, position_blocks 44, rnn_positions 51, floater_schedule 78, train_config 240
 TARGETS = {
     P + "__init__.py": ENCODINGS,
-    P + "alibi.py": FUNCTIONS + ENCODINGS,
-    P + "base.py": ["tests/test_position_schemes.py", "tests/test_kept_tables.py"],
+    P + "alibi.py": FUNCTIONS + ENCODINGS + ["tests/test_alibi_encoder.py"],
+    P + "base.py": FUNCTIONS + SCHEMES + ["tests/test_kept_tables.py"],
     P + "bias_scale.py": ["tests/test_position_bias_scale.py"],
-    P + "diet_abs.py": FUNCTIONS + ENCODINGS,
-    P + "diet_rel.py": FUNCTIONS + ENCODINGS,
-    P + "floater.py": ["tests/test_floater.py", "tests/test_plot_positions.py"],
+    P + "diet_abs.py": DIET + SCHEMES + ENCODINGS,
+    P + "diet_rel.py": DIET + SCHEMES + ENCODINGS,
+    P + "floater.py": ["tests/test_floater.py", "tests/test_floater_bounded.py", "tests/test_plot_positions.py"],
     P + "floater_schedule.py": ["tests/test_floater_schedule.py"],
-    P + "floater_solver.py": ["tests/test_floater_solver.py", "tests/test_plot_positions.py"],
+    P + "floater_solver.py": ["tests/test_floater_solver.py", "tests/test_floater_bounded.py",
+                              "tests/test_plot_positions.py"],
     P + "kept.py": ["tests/test_kept_tables.py"],
-    P + "learned.py": ENCODINGS,
+    P + "learned.py": ENCODINGS + BLOCKS,
     P + "none.py": ENCODINGS,
     P + "rnn.py": ["tests/test_rnn_positions.py"],
     P + "rope.py": FUNCTIONS + ENCODINGS,
-    P + "segments.py": ["tests/test_position_blocks.py"],
-    P + "sharing.py": ["tests/test_position_blocks.py"],
-    P + "shaw.py": ["tests/test_shaw_offsets.py"] + ENCODINGS,
-    P + "sinusoidal.py": ENCODINGS,
+    P + "segments.py": FUNCTIONS + DIET + SCHEMES,
+    P + "sharing.py": SCHEMES + DIET,
+    P + "shaw.py": ["tests/test_shaw_offsets.py"] + SCHEMES + ENCODINGS,
+    P + "sinusoidal.py": ENCODINGS + BLOCKS,
     P + "t5.py": FUNCTIONS + ENCODINGS,
     "fairseq_posenc/update_hooks.py": ["tests/test_update_hooks.py", "tests/test_kept_tables.py",
                                        "tests/test_floater_schedule.py"],
     "fairseq_posenc/study_report.py": ["tests/test_seed_interval.py", "tests/test_study_report.py"],
-    "fairseq_posenc/recipe/stages.py": ["tests/test_stage_launches.py"],
+    "fairseq_posenc/recipe/stages.py": ["tests/test_stage_launches.py", "tests/test_train_config.py"],
     "fairseq_posenc/recipe/train_config.py": ["tests/test_train_config.py"],
 }
 #: tests that check the build, not the code (the copy has no C++ loops on purpose)
@@ -100,6 +107,21 @@ NAMED = [
      "dtype=torch.float32) * self.dt)", "dtype=torch.float32))"),
     ("fairseq_posenc/study_report.py", "change a default: the interval's 97.5% quantile of the t test",
      "scipy_stats.t.ppf(0.975, dof)", "scipy_stats.t.ppf(0.95, dof)"),
+    (P + "t5.py", "flip a sign in a bias: T5's scalars subtracted",
+     "return self.bias(buckets).t() * self.bias_scale", "return -self.bias(buckets).t() * self.bias_scale"),
+    (P + "diet_rel.py", "flip a sign in a bias: DIET-REL's scalars subtracted",
+     "bias = self.weight[group][:, (-offsets)", "bias = -self.weight[group][:, (-offsets)"),
+    (P + "diet_rel.py", "swap left and right: DIET-REL's offsets i - j read as j - i",
+     "(-offsets).clamp(-k, k) + k]", "(offsets).clamp(-k, k) + k]"),
+    (P + "floater.py", "drop a term of an equation: the bounded FLOATER's -lambda p (--floater-dissipation, "
+     "torchdiffeq's solvers and the adjoint)", "out = torch.tanh(out) - self.dissipation * p", "out = torch.tanh(out)"),
+    (P + "floater_solver.py",
+     "drop a term of an equation: the bounded FLOATER's -lambda p (--floater-dissipation, rk4)",
+     "return squashed[s, stage] - dissipation * x", "return squashed[s, stage]"),
+    (P + "rope.py", "swap left and right: RoPE rotates by -m theta (q_m . k_n still depends on m - n only)",
+     "x32 * cos + rotate_half(x32) * sin", "x32 * cos - rotate_half(x32) * sin"),
+    (P + "alibi.py", "swap left and right: split ALiBi's even heads see the right, odd ones the left",
+     "% 2 == 0", "% 2 == 1"),
 ]
 
 

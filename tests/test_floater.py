@@ -1,10 +1,12 @@
 """FLOATER: the paper's sizes, the warm start, and one ODE solve where the design promises one."""
+import math
+
 import pytest
 import torch
 
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions import AttentionPositions
-from fairseq_posenc.positions.floater import FloaterODE
+from fairseq_posenc.positions.floater import Dynamics, FloaterODE
 from tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
 from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, toy_dictionary, with_strong_positions
 
@@ -335,3 +337,18 @@ def test_adjoint_gradients_match_backpropagation_through_the_solver():
         truncation = (grads[torch.float64, True][name] - grads[torch.float64, False][name]).abs().max().item()
         rounding = float32_tolerance(20 * 5 + 20 * 5 * 4, magnitude(backprop[name]))
         assert_within(adjoint[name], backprop[name], truncation + rounding, name)
+
+
+@pytest.mark.parametrize("dim, hidden", [(3, 1024), (1024, 3)])
+def test_the_time_columns_start_as_nn_linear_would_draw_them(dim, hidden):
+    """time1 and time2 are the time columns of nn.Linear(dim + 1, hidden) and nn.Linear(hidden + 1,
+    dim): uniform in +-1 / sqrt(fan_in), fan_in counting the column. 1024 draws from each bound:
+    the largest within 1% of it; a bound of 1 / sqrt(3) in place of 1 / sqrt(4) would put 13% of
+    them above it."""
+    torch.manual_seed(0)
+    h = Dynamics(dim, hidden)
+    for column, fan_in in ((h.time1, dim + 1), (h.time2, hidden + 1)):
+        if column.numel() < 1024:
+            continue  # too few draws to tell the bound
+        bound = 1 / math.sqrt(fan_in)
+        assert 0.99 * bound < column.abs().max().item() <= bound, (column.abs().max().item(), bound)

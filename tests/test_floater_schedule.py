@@ -9,7 +9,7 @@ import torch
 
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
-from fairseq_posenc.positions.floater_schedule import PENDING
+from fairseq_posenc.positions.floater_schedule import PENDING, SolveSchedule
 from floater_trainer import FLOW
 from fairseq_posenc.update_hooks import announce_update, finish_update
 from tolerances import EPS32, assert_within, float32_tolerance, magnitude, transformer_terms
@@ -423,3 +423,19 @@ def test_under_clip_norm_the_flow_update_is_one_updates_size_and_clipped_with_th
         want = before[ode_prefix + name] * factor
         assert_within(masters[name], want, float32_tolerance(4, magnitude(want)), name)
     assert weight.grad is not None
+
+
+def test_a_flow_update_over_one_position_gives_h_zero_gradients():
+    """A cycle whose gradient reaches p(0) alone (one-token inputs; a rank without a gradient joins
+    the all-reduce with one zero row): the solution is p(0), h takes no part in it, and its
+    gradients are zeros, not an error of autograd's about unused inputs."""
+    model = floater("--floater-lr-scale", "2")
+    ode = model.encoder.position_encoding.ode
+    torch.manual_seed(0)
+    mean = torch.randn(1, *ode.initial.shape)
+    grads = SolveSchedule._backward(ode, mean)
+    assert len(grads) == len(FLOW)
+    # p(0) = C V: d(mean . p(0)) / dV = C mean
+    assert torch.equal(grads[0], 2 * mean[0])
+    for name, g in zip(FLOW[1:], grads[1:]):
+        assert g.shape == ode.get_parameter(name).shape and not g.any(), name

@@ -7,7 +7,7 @@ wraps fairseq-train in torchrun, whose environment fairseq-train reads). Here ev
 machine: SLURM's variables are set as srun sets them, with a stand-in ``scontrol`` on the PATH
 that names localhost for every node, and the processes meet over loopback with gloo. GPU
 launches (a task a node, fairseq-train spawning a process per GPU) cannot run here: their
-arithmetic is checked in tests/test_train_plan.py. fairseq's launcher code needs a GPU where
+arithmetic is checked in tests/test_plan.py. fairseq's launcher code needs a GPU where
 these run: compat.launchers_without_cuda, tested at the end, lets it run on the CPU.
 """
 import os

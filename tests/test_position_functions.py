@@ -9,7 +9,8 @@ from fairseq_posenc.positions.base import AttentionPositions
 from fairseq_posenc.positions.rope import rope_angles, rotate_half
 from fairseq_posenc.positions.segments import segment_ids
 from fairseq_posenc.positions.t5 import relative_position_bucket
-from tolerances import assert_within, float32_tolerance
+from tolerances import assert_within, float32_tolerance, magnitude
+from toy import build_model
 
 
 def test_t5_buckets_bidirectional_by_hand():
@@ -96,3 +97,43 @@ def test_positions_carry_the_decoding_offset():
     assert not pos.padded
     assert pos.q.tolist() == [[4]] and pos.k.tolist() == [[0, 1, 2, 3, 4]]
     assert pos.key == (4, 1, 5)
+
+
+@pytest.mark.numerics
+def test_rope_rotates_each_pair_counterclockwise_by_position_times_frequency():
+    """Su et al.'s R_m: the pair (x_i, x_(i + D/2)) at position m goes to
+    (x_i cos - x_(i+D/2) sin, x_i sin + x_(i+D/2) cos) of m theta^(-2i/D), written out here in
+    float64 from the angles (checked by hand above); a rotation the other way also keeps q_m . k_n
+    a function of m - n, so only the numbers tell the direction."""
+    model = build_model("transformer_posenc", "--position-encoding", "rope", "--rope-theta", "100")
+    scheme = model.encoder.position_encoding
+    n, heads, dim = 6, scheme.num_heads, scheme.head_dim
+    scheme.begin_forward(torch.zeros(1, n, dtype=torch.long))
+    pos = AttentionPositions.build(n, n, None, "cpu")
+    x = torch.randn(1, heads, n, dim, generator=torch.Generator().manual_seed(0))
+    q, k, v = scheme.transform_qkv(0, "self", x, x, x, pos)
+    angles = rope_angles(torch.arange(n), dim, 100.0)[:, : dim // 2].double()  # (T, D/2)
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.double().chunk(2, dim=-1)
+    expected = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    # float32 cos and sin (a u each), two products and a sum, against float64
+    tolerance = float32_tolerance(6, magnitude(expected), sides=1)
+    assert_within(q.double(), expected, tolerance)
+    assert_within(k.double(), expected, tolerance)
+    assert v is x
+
+
+def test_t5_bias_is_the_learned_scalar_of_each_offsets_bucket_times_the_scale():
+    """Each head's bias at (i, j) is its scalar of bucket(j - i) (the buckets checked by hand
+    above), times --position-bias-scale: bidirectional buckets in the encoder, one-sided in the
+    decoder; a sign flipped or the two sides swapped changes the numbers."""
+    model = build_model("transformer_posenc", "--position-encoding", "t5", "--position-bias-scale", "2")
+    n = 7
+    offsets = torch.arange(n)[None, :] - torch.arange(n)[:, None]  # key minus query, (T, S)
+    for bidirectional, scheme in ((True, model.encoder.position_encoding), (False, model.decoder.position_encoding)):
+        scheme.begin_forward(torch.zeros(1, n, dtype=torch.long))
+        bias = scheme.attention_bias(0, None, AttentionPositions.build(n, n, None, "cpu"))[0]  # (H, T, S)
+        buckets = relative_position_bucket(offsets, bidirectional, scheme.num_buckets, scheme.max_distance)
+        expected = (scheme.bias.weight[buckets] * 2).permute(2, 0, 1)
+        assert len(set(buckets.flatten().tolist())) == (2 * n - 1 if bidirectional else n)
+        assert torch.equal(bias, expected), bidirectional

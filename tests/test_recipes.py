@@ -628,6 +628,8 @@ def test_extrapolation_dry_run_plans_each_model_with_its_own_defaults_and_a_new_
     assert sorted(p.name for p in (out / "split").glob("long.*.en")) == [
         "long.12-15.en", "long.15-18.en", "long.18-inf.en"]
 
+    # (the rest checks the split: one model's plan is enough, and other ENCODINGS must not redo it)
+    env["ENCODINGS"] = "sinusoidal"
     stdout = ok(run("extrapolation/run.sh", ["--dry-run"], env={**env, "BINS": "12 20"}))
     assert re.search(r"== \[split\] .*: redoing \(settings changed: var\.BINS 12 15 18 -> 12 20\)", stdout), stdout
     assert re.search(r"== \[preprocess\] .*: redoing", stdout), stdout

@@ -261,3 +261,11 @@ def test_a_warm_started_two_layer_vector_rnn_trains_and_decodes_through_fairseqs
     assert solution.shape[0] >= 11
     assert_within(solution, solved_positions(positions, solution.size(0)).float(), 1e-4)
     assert solution[1:].abs().max() > 0  # the biases are not the warm start's zeros any more
+
+
+def test_the_defaults_are_one_layer_on_the_scalar_input_at_dt_0_1():
+    """--position-encoding rnn alone, through the model's flags: Table 6's first form, as
+    docs/encodings.md gives the defaults (--rnn-layers 1, --rnn-input scalar, --rnn-dt 0.1)."""
+    ode = build_model("transformer_posenc", "--position-encoding", "rnn").encoder.position_encoding.ode
+    assert (len(ode.layers), ode.vector, ode.dt) == (1, False, 0.1)
+    assert ode.layers[0].z.weight.shape[1] == 1  # the scalar i * dt

@@ -78,3 +78,18 @@ def test_a_record_of_an_older_recipe_is_refused_until_adopted(tmp_path):
     with pytest.raises(stages.Refusal, match="the record holds no fairseq configuration .* or ADOPT_RUN=1"):
         stages.decide(save_dir, {}, CONFIG)
     assert stages.decide(save_dir, {}, CONFIG, adopt=True) == ("skip", "finished at update 6 (update 6)")
+
+
+def test_a_stage_restarts_when_the_stage_it_starts_from_trained_again(tmp_path):
+    """The record's ``after`` is the stamp of the upstream stage it started from: the same stamp
+    resumes or skips, a new one (the upstream finished again) restarts."""
+    up, down = str(tmp_path / "vanilla"), str(tmp_path / "floater")
+    os.makedirs(up)
+    stages.act(up, "start", {}, CONFIG)
+    stages.stage_done(up)
+    stages.act(down, "start", {}, CONFIG, after_dir=up)
+    _finished_checkpoints(down, 6)
+    assert stages.decide(down, {}, CONFIG, after_dir=up) == ("skip", "finished at update 6 (update 6)")
+    stages.stage_done(up)  # trained again: a new stamp
+    assert stages.decide(down, {}, CONFIG, after_dir=up) == (
+        "restart", f"{up} was trained again since this stage started from it")

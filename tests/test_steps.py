@@ -93,3 +93,74 @@ def test_a_recipe_step_is_keyed_by_its_functions_source_and_the_settings_they_re
     changed = _recipe_step(tmp_path, body='_suffix() { echo "${SUFFIX:-!}! $CORPUS"; }', **same)
     assert changed.startswith("== make it: redoing (settings changed: step.source "), changed
     assert "skipping" in _recipe_step(tmp_path, body='_suffix() { echo "${SUFFIX:-!}! $CORPUS"; }', **same)
+
+
+
+TOOL_STEP = r"""
+source "$ROOT/recipes/common.sh"
+WORK="$1"; PYTHON="$ROOT/.venv/bin/python"; SCRIPTS="$TOOLS"
+_tool() { "$PYTHON" "$SCRIPTS/tool.py" > "$WORK/out"; subword-nmt --help > /dev/null 2>&1 || true; }
+step tool "run the tool" _tool
+"""
+
+
+def _tool_step(work, tools):
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(["bash", "-c", TOOL_STEP, "bash", str(work)], capture_output=True, text=True,
+                          env={**os.environ, "ROOT": root, "TOOLS": str(tools)})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()[0]
+
+
+def test_a_step_is_keyed_by_the_code_of_the_programs_it_runs(tmp_path):
+    """recipe/programs.py: a Python file a step runs is keyed by its source, the local modules it
+    imports (transitively, function-level imports too) and the versions of the distributions they
+    import; a command of the Python environment by its distribution's version. No version tag to
+    bump by hand (the tokenizers had one)."""
+    import json
+    from importlib import metadata
+
+    from fairseq_posenc.recipe import programs
+
+    tools, work = tmp_path / "tools", tmp_path / "work"
+    tools.mkdir()
+    work.mkdir()
+    (tools / "tool.py").write_text("import helper\nprint(helper.WORD)\n")
+    (tools / "helper.py").write_text("def _late():\n    import sacremoses  # noqa\nWORD = 'a'\n")
+    (tools / "unused.py").write_text("WORD = 'x'\n")
+    assert _tool_step(work, tools) == "== run the tool"
+    marker = json.loads((work / ".done" / "tool").read_text())["settings"]
+    assert marker["program.subword-nmt"] == f"subword-nmt=={metadata.version('subword-nmt')}"
+    assert marker["program.tool.py"] == programs.python_key(str(tools / "tool.py"), {})
+    (tools / "unused.py").write_text("WORD = 'y'\n")  # not imported: nothing to redo
+    assert _tool_step(work, tools) == f"== run the tool: done before, skipping (delete {work}/.done/tool to redo)"
+    (tools / "helper.py").write_text("def _late():\n    import sacremoses  # noqa\nWORD = 'b'\n")
+    assert _tool_step(work, tools).startswith("== run the tool: redoing (settings changed: program.tool.py ")
+    assert (work / "out").read_text() == "b\n"
+    # a distribution imported anywhere in the closure: its version is part of the key
+    files, outside = programs.python_closure(str(tools / "tool.py"))
+    assert sorted(os.path.basename(f) for f in files) == ["helper.py", "tool.py"] and outside == {"sacremoses"}
+    key = programs.python_key(str(tools / "tool.py"), {})
+    real = metadata.version
+    try:
+        metadata.version = lambda name: "9.9" if name == "sacremoses" else real(name)
+        assert programs.python_key(str(tools / "tool.py"), {}) != key
+    finally:
+        metadata.version = real
+
+
+def test_the_recipes_programs_are_found_with_their_local_modules():
+    """The tokenizer's key covers text.py and sacremoses/sentencepiece; the length split's covers
+    the plugin modules it imports, not the package's __init__ (it registers models)."""
+    from fairseq_posenc.recipe import programs
+
+    root = programs.ROOT
+    files, outside = programs.python_closure(os.path.join(root, "fairseq_posenc/recipe/text.py"))
+    assert [os.path.relpath(f, root) for f in files] == ["fairseq_posenc/recipe/text.py"]
+    assert outside == {"sacremoses", "sentencepiece"}
+    files, outside = programs.python_closure(os.path.join(root, "scripts/length_split.py"))
+    names = {os.path.relpath(f, root) for f in files}
+    assert {"scripts/length_split.py", "fairseq_posenc/length_bins.py", "fairseq_posenc/recipe/plan.py"} <= names
+    assert "fairseq_posenc/__init__.py" not in names and {"fairseq", "torch"} <= outside

@@ -342,9 +342,50 @@ def test_a_cached_resolution_is_the_same_and_any_input_of_the_resolution_keys_it
     with open(user_dir / "models" / "__init__.py", "a") as f:
         f.write("\n")
     assert train_config.cache_key(copy) != before
-    changed = train_config.cache_key(argv)
+    # fairseq by its installed files, whatever its version says (this one's distribution is
+    # ve-fairseq: a key by metadata.version("fairseq") held "none" for every fairseq)
+    import importlib.util
     from importlib import metadata
 
-    real_version = metadata.version
-    monkeypatch.setattr(metadata, "version", lambda name: "0.0" if name == "fairseq" else real_version(name))
+    fake = tmp_path / "site" / "fairseq"
+    fake.mkdir(parents=True)
+    (fake / "options.py").write_text("A = 1\n")
+    spec = importlib.machinery.ModuleSpec("fairseq", None, is_package=True)
+    spec.submodule_search_locations.append(str(fake))
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "fairseq" else real_find(name, *a))
+    changed = train_config.cache_key(argv)
+    assert changed != key
+    (fake / "options.py").write_text("A = 22\n")  # an edited fairseq of the same version
     assert train_config.cache_key(argv) != changed
+    edited = train_config.cache_key(argv)
+    real_version = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.0" if name == "torch" else real_version(name))
+    assert train_config.cache_key(argv) != edited
+
+
+def test_a_batch_in_tokens_on_one_side_only_changes_the_tokens_per_update_and_0_is_no_budget():
+    """max_tokens x update_freq x world size, update_freq and the world size 1 where unset; a run
+    without --max-tokens on either side is another batch; fairseq's 0 is no limit (None)."""
+    tokens = "tokens per update (max_tokens x update_freq x world size)"
+    assert train_config.tokens_per_update({"dataset.max_tokens": 100, "optimization.update_freq": [4],
+                                           "distributed_training.distributed_world_size": 2}) == 800
+    assert train_config.tokens_per_update({"dataset.max_tokens": 100}) == 100
+    assert train_config.tokens_per_update({"optimization.update_freq": [4]}) is None
+    with_tokens = {"dataset.max_tokens": 100, "optimization.update_freq": [2]}
+    without = {"optimization.update_freq": [2]}
+    assert train_config.differences(without, with_tokens)[-1] == f"{tokens}: None -> 200"
+    assert train_config.differences(with_tokens, without)[-1] == f"{tokens}: 200 -> None"
+    assert train_config.differences(without, without) == train_config.differences(with_tokens, with_tokens) == []
+    assert train_config.budget({"optimization.max_update": 0, "optimization.max_epoch": 3}) == (None, 3)
+    assert train_config.budget({"optimization.max_update": 6, "optimization.max_epoch": 0}) == (6, None)
+
+
+def test_a_runs_identity_leaves_out_paths_and_the_batch_layout_not_the_content_it_starts_from():
+    base = {"checkpoint.save_dir": "/a", "task.data": "/d1", "optimization.lr": [0.001], "dataset.max_tokens": 100,
+            "optimization.update_freq": [2], "model.floater_init_from": "/v1.pt", "inputs.floater_init_from": "abc"}
+    moved = {**base, "checkpoint.save_dir": "/b", "task.data": "/d2", "dataset.max_tokens": 200,
+             "optimization.update_freq": [1], "model.floater_init_from": "/v2.pt"}  # 200 tokens per update each
+    assert train_config.identity(base) == train_config.identity(moved)
+    for changed in ({"optimization.lr": [0.002]}, {"inputs.floater_init_from": "abd"}, {"dataset.max_tokens": 101}):
+        assert train_config.identity({**base, **changed}) != train_config.identity(base), changed

@@ -161,6 +161,15 @@ def _stages():
     return stages, train_config
 
 
+def _programs():
+    try:
+        from . import programs
+    except ImportError:  # run as a file
+        import programs
+
+    return programs
+
+
 def main(argv: Optional[List[str]] = None):
     argv = list(sys.argv[1:] if argv is None else argv)
     # stage: everything after "--" is fairseq-train's argument list, as the recipe will run it
@@ -183,6 +192,9 @@ def main(argv: Optional[List[str]] = None):
     parser.add_argument("--settings", nargs="*", default=[],
                         help="KEY=VALUE settings the outputs depend on (a stage: what fairseq's configuration "
                              "does not hold)")
+    parser.add_argument("--program", nargs="*", default=[], metavar="PATH|COMMAND",
+                        help="check/done: programs the step runs (a Python file, or a command of the Python "
+                             "environment): settings program.NAME keyed by their code (recipe/programs.py)")
     parser.add_argument("--input", nargs="*", default=[], metavar="NAME=PATH",
                         help="files or directories the step reads: their content fingerprints are settings")
     parser.add_argument("--save-dir", help="stage: the directory fairseq-train writes")
@@ -213,6 +225,8 @@ def main(argv: Optional[List[str]] = None):
     try:
         settings = parse_settings(args.settings)
         settings.update(input_settings(args.input))
+        if args.program:
+            settings.update(_programs().program_settings(args.program))
         if args.command == "fingerprint":
             for path in args.paths:
                 print(fingerprint(path, TRAINING_DATA if args.training_data else None))

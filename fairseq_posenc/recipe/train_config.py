@@ -175,22 +175,42 @@ def _source_digest(directory: str, digest) -> None:
                     digest.update(os.path.relpath(os.path.join(root, name), directory).encode() + b"\0" + f.read())
 
 
+def _files_digest(directory: str, digest) -> None:
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if not name.endswith(".pyc"):
+                stat = os.stat(os.path.join(root, name))
+                digest.update(f"{os.path.relpath(os.path.join(root, name), directory)}:{stat.st_size}:"
+                              f"{stat.st_mtime_ns}\0".encode())
+
+
 def cache_key(argv: List[str]) -> str:
     """What a resolved configuration depends on, hashed: the argument list; the source of the
     plugin (``--user-dir`` and this package, which registers the architectures and their
-    defaults); the versions of Python, fairseq, hydra, omegaconf and torch; and the GPUs torch
+    defaults); Python's version, the installed files of fairseq, hydra and omegaconf, torch's
+    version; and the GPUs torch
     sees (fairseq's default world size is their count): none without a GPU driver's device node,
     else torch is imported to count them (about a third of fairseq's import)."""
     import hashlib
     import sys
     from importlib import metadata
 
+    import importlib.util
+
     digest = hashlib.sha256(json.dumps({"argv": list(argv), "python": sys.version}).encode())
-    for package in ("fairseq", "hydra-core", "omegaconf", "torch"):
-        try:
-            digest.update(f"{package}={metadata.version(package)}\0".encode())
-        except metadata.PackageNotFoundError:
-            digest.update(f"{package}=none\0".encode())
+    # fairseq, hydra and omegaconf by their installed files (an edited or reinstalled fairseq is
+    # another fairseq whatever its version says; this one's distribution is not even named
+    # "fairseq"): the name, size and modification time of each, a stat, not a read (0.01 s)
+    for package in ("fairseq", "hydra", "omegaconf"):
+        spec = importlib.util.find_spec(package)
+        for location in (spec.submodule_search_locations or []) if spec else ["none"]:
+            digest.update(f"{package}@{location}\0".encode())
+            _files_digest(location, digest)
+    try:  # torch: by its version (its tree is 1 GB; a build always carries its version)
+        digest.update(f"torch={metadata.version('torch')}\0".encode())
+    except metadata.PackageNotFoundError:
+        digest.update(b"torch=none\0")
     digest.update(f"cuda={_gpus()}\0".encode())
     plugin = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     dirs = {plugin}

@@ -116,11 +116,11 @@ space=(--work "$WORK" --recipe "$RECIPE")
 [ "${ALLOW_LOW_DISK:-0}" = 1 ] && space+=(--allow-low-disk)
 [ -f "$WORK/.done/preprocess" ] || "$PYTHON" "$RECIPE_PY/plan.py" prepare-space "${space[@]}" \
   --sources "$SOURCES" --archives-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" | sed 's/^/   /' || exit 2
-STEP_AFTER="" STEP_SETTINGS="pair=$SRC-$TGT archives=$("$PYTHON" "$RECIPE_PY/wmt_data.py" fingerprint \
+STEP_AFTER="" STEP_SETTINGS="archives=$("$PYTHON" "$RECIPE_PY/wmt_data.py" fingerprint \
   --sources "$SOURCES" --raw-dir "$ARCHIVES" --src "$SRC" --tgt "$TGT" \
   --cache "$WORK/.archives-sha256.json" --upgrade-marker "$WORK/.done/extract")" \
   step extract "[2/9] extract train (train.tags, metadata dropped) / test ($TEST_NAME, .xml) as plain text" _extract
-STEP_SETTINGS="text=iwslt14-moses-1" step tokenize "[3/9] tokenize with sacremoses (no -a, no normalisation)" _iwslt_tokenize
+step tokenize "[3/9] tokenize with sacremoses (no -a, no normalisation)" _iwslt_tokenize
 step clean "[4/9] clean training pairs: ratio 1.5, 1-$MAX_LEN tokens" _iwslt_clean
 step lowercase "[5/9] lowercase" _iwslt_lowercase
 step split "[6/9] validation set: $VALID_DESC" _iwslt_split
