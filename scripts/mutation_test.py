@@ -49,8 +49,8 @@ BLOCKS = ["tests/test_position_blocks.py"]  # --position-blocks all (learned, si
 TARGETS = {
     P + "__init__.py": ENCODINGS,
     P + "alibi.py": FUNCTIONS + ENCODINGS + ["tests/test_alibi_encoder.py"],
-    P + "base.py": FUNCTIONS + SCHEMES + ["tests/test_kept_tables.py"],
-    P + "bias_scale.py": ["tests/test_position_bias_scale.py"],
+    P + "base.py": FUNCTIONS + SCHEMES + ENCODINGS + ["tests/test_kept_tables.py"],
+    P + "bias_scale.py": ["tests/test_labels.py", "tests/test_position_bias_scale.py"],
     P + "diet_abs.py": DIET + SCHEMES + ENCODINGS,
     P + "diet_rel.py": DIET + SCHEMES + ENCODINGS,
     P + "floater.py": ["tests/test_floater.py", "tests/test_floater_bounded.py", "tests/test_plot_positions.py"],

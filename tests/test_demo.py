@@ -48,9 +48,10 @@ def test_demo_writes_the_report_table_json_and_plot(tmp_path):
 
 
 # the demo's FLOATER (--floater-step 0.1, its OVERRIDES) and the same with its flow model solved
-# every 10 updates: each row labelled from its trained model
+# every 10 updates: each row labelled from its trained model (warm-started, C defaults to 1, not
+# to the min(N, 10) of a FLOATER from scratch: the label says so)
 FLOATER = "floater (step 0.1)"
-FLOATER_N10 = "floater (solve every 10, step 0.1)"
+FLOATER_N10 = "floater (solve every 10, lr scale 1, step 0.1)"
 
 
 def test_warm_start_trains_floater_rows_and_one_control_from_sinusoidals_best_checkpoint(tmp_path):

@@ -154,6 +154,32 @@ def test_warm_start_refuses_a_model_of_another_size(tmp_path):
         floater("--floater-init-from", str(tmp_path / "missing.pt"))
 
 
+def test_warm_start_refuses_a_checkpoint_that_lacks_one_of_the_models_parameters(tmp_path):
+    """A key missing, nothing unexpected and no shape differing: still not the vanilla model (the
+    load would keep that parameter's random initialisation)."""
+    state = build_model("transformer_posenc").state_dict()
+    del state["encoder.layers.0.fc1.bias"]
+    path = str(tmp_path / "lacking.pt")
+    torch.save({"model": state}, path)
+    with pytest.raises(ValueError, match=r"not a sinusoidal Transformer of this model's size \(missing: "
+                                         r"encoder.layers.0.fc1.bias\)$"):
+        floater("--floater-init-from", path)
+
+
+def test_the_lr_scale_stores_the_initial_states_over_c():
+    """--floater-lr-scale C: the parameter holds p(0) / C, the state used is C x the stored one, the
+    same p(0) as at C = 1 from the same seed."""
+    odes = {}
+    for c in (1.0, 4.0):
+        torch.manual_seed(0)
+        odes[c] = FloaterODE(num_states=3, dim=8, hidden=8, dt=0.1, solver="rk4", step=None, adjoint=False,
+                             lr_scale=c)
+    stored = odes[4.0].initial.detach()
+    assert torch.equal(odes[4.0].initial_state().detach(), stored * 4)
+    assert_within(odes[4.0].initial_state().detach(), odes[1.0].initial.detach(), 1e-7, "p(0)")
+    assert torch.equal(odes[4.0].initial_state(stored.double()), stored.double() * 4)
+
+
 def test_warm_start_refuses_a_sinusoidal_model_at_every_block(tmp_path):
     """--position-blocks all adds no parameter: only the saved flags tell that FLOATER would drop
     its Eq. 7 terms and not start as that model."""
@@ -351,4 +377,6 @@ def test_the_time_columns_start_as_nn_linear_would_draw_them(dim, hidden):
         if column.numel() < 1024:
             continue  # too few draws to tell the bound
         bound = 1 / math.sqrt(fan_in)
-        assert 0.99 * bound < column.abs().max().item() <= bound, (column.abs().max().item(), bound)
+        # both ends reached: the draws span -bound .. +bound, not one side of it
+        assert -bound <= column.min().item() < -0.99 * bound, (column.min().item(), bound)
+        assert 0.99 * bound < column.max().item() <= bound, (column.max().item(), bound)

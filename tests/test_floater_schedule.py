@@ -84,8 +84,9 @@ def test_unsupported_training_is_refused_when_the_trainer_is_built(data_bin):
     build_trainer(config(data_bin, "--use-bmuf"))  # N = 1 has nothing to refuse
 
 
-def test_the_lr_scale_follows_n_unless_given():
-    """C = min(N, 10) by default (floater_schedule.lr_scale says why); a C given is kept, N = 1 keeps 1."""
+def test_the_lr_scale_follows_n_unless_given(tmp_path):
+    """C = min(N, 10) by default from scratch, 1 warm-started (floater_schedule.lr_scale says why);
+    a C given is kept, N = 1 keeps 1."""
     def scale(*flags):
         return floater(*flags).encoder.position_encoding.ode.dynamics.lr_scale
 
@@ -94,6 +95,12 @@ def test_the_lr_scale_follows_n_unless_given():
     assert scale("--floater-solve-every", "100") == 10.0  # capped: C = 100 diverged on the demo
     assert scale("--floater-solve-every", "10", "--floater-lr-scale", "3") == 3.0
     assert scale("--floater-lr-scale", "4") == 4.0
+    # warm-started from a vanilla model (the paper's protocol): C = 1 unless given, whatever N
+    path = str(tmp_path / "vanilla.pt")
+    torch.save({"model": build_model("transformer_posenc", "--dropout", "0.0", seed=5).state_dict()}, path)
+    assert scale("--floater-solve-every", "10", "--floater-init-from", path) == 1.0
+    assert scale("--floater-solve-every", "100", "--floater-init-from", path) == 1.0
+    assert scale("--floater-solve-every", "10", "--floater-lr-scale", "3", "--floater-init-from", path) == 3.0
 
 
 @pytest.mark.numerics

@@ -234,3 +234,15 @@ def test_state_dicts_are_for_saving_except_inside_not_saving():
             assert not kept.saving()
         assert not kept.saving()
     assert kept.saving()
+
+
+def test_kept_result_keys_are_the_state_dict_keys_of_the_solution():
+    from fairseq_posenc.positions.kept import kept_result_keys
+
+    model = build_model("transformer_posenc", "--position-encoding", "floater")
+    ode = model.encoder.position_encoding.ode
+    keys = kept_result_keys(model)
+    assert {"encoder.position_encoding.ode.solution", "encoder.position_encoding.ode.fingerprint"} <= keys
+    assert all(k.startswith("encoder.position_encoding.ode.") for k in keys)
+    assert kept_result_keys(ode) == set(type(ode).kept_results)  # the module itself: no prefix, no dot
+    assert {"solution", "fingerprint"} <= set(ode.state_dict())

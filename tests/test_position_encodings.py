@@ -189,3 +189,16 @@ def test_shaw_tables_are_xavier_initialised_per_layer_whatever_the_depth(layers)
         assert table.shape == (offsets, dim)
         # 264 uniform draws from [-bound, bound]: the largest is within 2% of the bound
         assert 0.9 * bound < table.abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_the_state_dict_holds_the_parameters_and_the_intended_buffers_only(encoding):
+    """Every checkpoint key besides the parameters is one meant to be saved: fairseq's versions, a
+    scale or form in extra state, ALiBi's encoder form, FLOATER's kept solution. A buffer that
+    only says where the module lives (``_placement``) stays out."""
+    model = build_model("transformer_posenc", "--position-encoding", encoding)
+    params = {name for name, _ in model.named_parameters()}
+    extra = {key for key in model.state_dict() if key not in params}
+    intended = {"version", "_extra_state", "encoder_form", "solution", "fingerprint"}
+    assert {key for key in extra if key.rsplit(".", 1)[-1] not in intended} == set()
+    assert not any("_placement" in key for key in model.state_dict())

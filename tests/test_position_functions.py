@@ -137,3 +137,14 @@ def test_t5_bias_is_the_learned_scalar_of_each_offsets_bucket_times_the_scale():
         expected = (scheme.bias.weight[buckets] * 2).permute(2, 0, 1)
         assert len(set(buckets.flatten().tolist())) == (2 * n - 1 if bidirectional else n)
         assert torch.equal(bias, expected), bidirectional
+
+
+def test_t5_names_half_its_bucket_count_when_it_refuses_the_max_distance():
+    import argparse
+
+    from fairseq_posenc.positions.t5 import T5Bias
+
+    cfg = argparse.Namespace(t5_num_buckets=20, t5_max_distance=10, position_bias_scale=None,
+                             max_source_positions=64, max_target_positions=64)
+    with pytest.raises(ValueError, match=r"--t5-max-distance must exceed --t5-num-buckets / 2 = 10 \(.*got 10$"):
+        T5Bias(cfg, "encoder", 1, 2, 4)

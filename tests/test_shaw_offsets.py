@@ -149,3 +149,14 @@ def test_attention_over_a_left_padded_batch_equals_the_reference_with_its_gradie
     terms = 2 * 58 + 3 * 2 * largest_pool(positions(9, 9, None), 3)
     for got, want, name in zip(*results, ("output", "grad x", "grad a^K", "grad a^V")):
         assert_within(got, want, float64_tolerance(terms, magnitude(got, want)), name)
+
+
+def test_a_max_distance_of_1_gives_three_offsets_clipped_at_1():
+    scheme = shaw(1, layers=1)
+    assert scheme.rel_k.shape == scheme.rel_v.shape == (1, 3, 4)
+    index = scheme._index(AttentionPositions.build(4, 4, None, "cpu"))
+    assert index.tolist() == [[max(-1, min(1, j - i)) + 1 for j in range(4)] for i in range(4)]
+    with pytest.raises(ValueError, match="--max-relative-distance must be positive, got -1"):
+        shaw(-1)
+    with pytest.raises(ValueError, match="--max-relative-distance must be positive, got 0"):
+        shaw(0)  # not read as "unset" (16)

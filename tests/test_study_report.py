@@ -476,3 +476,16 @@ def test_a_control_is_compared_with_its_model_as_the_baseline_is():
             in table)
     with pytest.raises(ValueError, match="control floater=learned: both must be among the models"):
         build_report(runs, [0], "words", controls={"floater": "learned"})
+
+
+def test_one_seed_shows_bleu_without_a_spread_and_rows_do_not_repeat_their_model():
+    refs = _corpus(60)
+    report = build_report({"copy": [_gen(refs, refs)], "half": [_gen(_corrupt(refs, 0.5, 1), refs)]}, [0], "words",
+                          baseline="copy")
+    # the model is the key of its rows: not repeated in each row of the JSON
+    assert all("model" not in row for rows in report["models"].values() for row in rows)
+    table = markdown(report)
+    assert "| copy | 100.0 |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| copy |") or line.startswith("| half |")]
+    assert rows and not any("±" in line for line in rows)
+    assert "(one seed;" in table

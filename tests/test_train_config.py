@@ -389,3 +389,15 @@ def test_a_runs_identity_leaves_out_paths_and_the_batch_layout_not_the_content_i
     assert train_config.identity(base) == train_config.identity(moved)
     for changed in ({"optimization.lr": [0.002]}, {"inputs.floater_init_from": "abd"}, {"dataset.max_tokens": 101}):
         assert train_config.identity({**base, **changed}) != train_config.identity(base), changed
+
+
+def test_a_refused_argument_is_named_by_fairseqs_own_last_error_line():
+    import fairseq_posenc
+
+    argv = ["data-bin", "--user-dir", os.path.dirname(os.path.abspath(fairseq_posenc.__file__)),
+            "--arch", "no_such_arch"]
+    with pytest.raises(ValueError) as error:
+        train_config.parse(argv)
+    message = str(error.value)
+    assert message.startswith("fairseq-train would refuse its arguments: ")
+    assert "error: argument --arch/-a: invalid choice: 'no_such_arch'" in message

@@ -39,7 +39,7 @@ class DietAbs(ScaledBiases, PositionEncoding):
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
         self.sharing, groups, heads = resolve_sharing(cfg, "layers", num_layers, num_heads)
-        self.rank = cfg.diet_rank or head_dim
+        self.rank = head_dim if cfg.diet_rank is None else cfg.diet_rank
         if self.rank <= 0:
             raise ValueError(f"--diet-rank must be positive, got {self.rank}")
         self.bias_scale = bias_scale(cfg)

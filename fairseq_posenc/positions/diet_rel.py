@@ -33,7 +33,7 @@ class DietRel(ScaledBiases, PositionEncoding):
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
         self.sharing, groups, heads = resolve_sharing(cfg, "none", num_layers, num_heads)
-        self.max_distance = cfg.max_relative_distance or 128
+        self.max_distance = 128 if cfg.max_relative_distance is None else cfg.max_relative_distance
         if self.max_distance <= 0:
             raise ValueError(f"--max-relative-distance must be positive, got {self.max_distance}")
         self.bias_scale = bias_scale(cfg)

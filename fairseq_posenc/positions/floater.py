@@ -79,10 +79,12 @@ class FloaterConfig(PositionBlocksConfig):
         default=None,
         metadata={"help": "floater: h's weights and the initial states W are stored as V with W = C V, so that "
                   "Adam moves them about C times as far per step (a learning rate C times the rest's; weight "
-                  "decay is not scaled). Default: C = min(N, 10), N of --floater-solve-every (1 when solving every "
-                  "update), which gives the flow model, stepped once per N updates, the reach of N steps up to 10 "
-                  "(on the demo, N = 10 with C = 10 trained as N = 1 did, with C = 1 it did not; N = 100 with C = "
-                  "100 diverged at its first flow update, with C = 10 it trained: docs/floater.md). C is saved "
+                  "decay is not scaled). Default, from scratch: C = min(N, 10), N of --floater-solve-every (1 when "
+                  "solving every update), which gives the flow model, stepped once per N updates, the reach of N "
+                  "steps up to 10 (on the demo, N = 10 with C = 10 trained as N = 1 did, with C = 1 it did not; "
+                  "N = 100 with C = 100 diverged, with C = 10 it trained); warm-started (--floater-init-from, the "
+                  "paper's protocol): C = 1 (on the demo N = 10 with C = 10 lost 28 BLEU past the training "
+                  "lengths, with C = 1 it was level with N = 1: docs/floater.md). C is saved "
                   "with the weights: loaded under another C they are rescaled to compute the same"},
     )
     floater_dissipation: float = field(
@@ -226,7 +228,7 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
 
     def __init__(self, num_states: int, dim: int, hidden: int, dt: float, solver: str,
                  step: Optional[float], adjoint: bool, solve_every: int = 1, lr_scale: Optional[float] = None,
-                 dissipation: float = 0.0):
+                 dissipation: float = 0.0, warm_start: bool = False):
         super().__init__()
         if solver not in FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS:
             raise ValueError(f"--floater-solver {solver!r} is not a torchdiffeq method; choose one of "
@@ -235,7 +237,7 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
             raise ValueError("--floater-dt and --floater-step must be positive")
         self.dt, self.solver, self.adjoint = dt, solver, adjoint
         self.step = step if step is not None else dt / 5
-        lr_scale = floater_schedule.lr_scale(solve_every, lr_scale)
+        lr_scale = floater_schedule.lr_scale(solve_every, lr_scale, warm_start)
         floater_schedule.check(solve_every, lr_scale)
         if not (dissipation >= 0 and math.isfinite(dissipation)):
             raise PosencError(f"--floater-dissipation must be a finite number >= 0 (0: the paper's FLOATER), "
@@ -501,7 +503,8 @@ class FloaterPositionEncoding(PositionEncoding):
             self.ode = FloaterODE(states, self.width, cfg.floater_hidden or self.width, cfg.floater_dt,
                                   cfg.floater_solver, cfg.floater_step, cfg.floater_adjoint,
                                   getattr(cfg, "floater_solve_every", 1), getattr(cfg, "floater_lr_scale", None),
-                                  getattr(cfg, "floater_dissipation", 0.0))
+                                  getattr(cfg, "floater_dissipation", 0.0),
+                                  warm_start=bool(getattr(cfg, "floater_init_from", None)))
 
     @classmethod
     def finish_model(cls, model, args):

@@ -14,7 +14,7 @@ class ShawRelative(PositionEncoding):
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
-        self.max_distance = cfg.max_relative_distance or 16
+        self.max_distance = 16 if cfg.max_relative_distance is None else cfg.max_relative_distance
         if self.max_distance <= 0:
             raise ValueError(f"--max-relative-distance must be positive, got {self.max_distance}")
         # (layers, 2k + 1, head dim): index k + (j - i)
