@@ -87,3 +87,14 @@ def test_segment_attention_takes_a_single_segment():
     with pytest.raises(ValueError, match="--max-segments must be positive, got 0"):
         SegmentBias(argparse.Namespace(max_segments=0, position_bias_scale=None, max_source_positions=64,
                                        max_target_positions=64), 2, 3, 4, separator_index=5)
+
+
+def test_diet_rel_bias_is_its_stored_scalar_times_the_scale():
+    """--position-bias-scale S: the stored scalar w enters the logits as S w (the parameter learns
+    S times faster, its start divided by S: the bias at step 0 does not depend on S)."""
+    rel = DietRel(cfg(max_relative_distance=2, position_bias_scale=4.0), "encoder", 1, 2, 4)
+    bias = rel.attention_bias(0, None, AttentionPositions.build(3, 3, None, "cpu"))[0]  # (H, T, S)
+    for h in range(2):
+        for i in range(3):
+            for j in range(3):
+                assert bias[h, i, j] == 4.0 * rel.weight[0, h, max(-2, min(2, i - j)) + 2]
