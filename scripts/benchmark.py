@@ -14,10 +14,11 @@ by fairseq's translation task (``get_batch_iterator``, which calls the dataset's
 Training update = fairseq's label-smoothed cross-entropy (0.1), backward and an Adam step on each
 of --train-batches batches of --max-tokens tokens (one column per value; with --update-freq N,
 updates of N passes, announced to the models as fairseq's trainer does, so that FLOATER solves
-once per update). Decoding = fairseq's SequenceGenerator with its incremental state on
---decode-batches batches of --decode-batch-size sentences of the test split, greedy and beam 4
-(--beams), each batch forced to the length of its longest reference so that every model decodes
-the same number of steps.
+once per update). Decoding = fairseq's SequenceGenerator with its incremental state, the models
+prepared as fairseq-generate prepares them (``prepare_for_inference_``), on --decode-batches
+batches of --decode-batch-size sentences of the test split, greedy and beam 4 (--beams), each
+batch forced to the length of its longest reference so that every model decodes the same number
+of steps.
 
 Timing: --rounds rounds; in each, every model runs the same work once, in an order shuffled
 afresh each round (a fixed order lets drift on a shared machine favour the models that run
@@ -32,6 +33,7 @@ each named encoding: torch's operators and Python's function calls in that step,
 not depend on the machine's load.
 """
 import argparse
+import copy
 import cProfile
 import itertools
 import json
@@ -43,6 +45,7 @@ import random
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 
@@ -51,6 +54,7 @@ logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package
 from fairseq import options, tasks  # noqa: E402
 from fairseq import utils as fairseq_utils  # noqa: E402
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 from fairseq.tasks.translation import TranslationTask  # noqa: E402
@@ -65,6 +69,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "fairseq_posenc")
 STOCK = "stock transformer"
 REFERENCE = "sinusoidal"
+PARTS = ("train", "decode", "memory")
 MAX_POSITIONS = 1024
 
 
@@ -117,7 +122,10 @@ def fairseq_batches(task, split: str, count: int, max_tokens=None, max_sentences
         dataset=dataset, max_tokens=max_tokens, max_sentences=max_sentences,
         max_positions=fairseq_utils.resolve_max_positions(task.max_positions(), (MAX_POSITIONS, MAX_POSITIONS)),
         ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=seed, disable_iterator_cache=True,
-    ).next_epoch_itr(shuffle=shuffle)
+    )
+    with warnings.catch_warnings():  # pin_memory without an accelerator
+        warnings.simplefilter("ignore")
+        iterator = iterator.next_epoch_itr(shuffle=shuffle)
     if only_padded:
         pad = task.source_dictionary.pad()
         iterator = (b for b in iterator if b["net_input"]["src_tokens"][:, 0].eq(pad).any())
@@ -168,9 +176,22 @@ def train_update(model, criterion, optimizer, samples, dtype, device):
     optimizer.step()
 
 
+def for_inference(model, task):
+    """A copy of ``model`` prepared as fairseq-generate prepares it, from fairseq-generate's default
+    configuration (``prepare_for_inference_``: no attention weights without --print-alignment, the
+    beamable encoder-decoder attention); fairseq refuses to train a model after that."""
+    with warnings.catch_warnings():  # hydra's deprecation notices, on every call
+        warnings.simplefilter("ignore")
+        cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(),
+                                                                         [task.cfg.data]))
+    model = copy.deepcopy(model)
+    model.prepare_for_inference_(cfg)
+    return model
+
+
 def decode(model, task, samples, beam, device, dtype):
     """fairseq's beam search (``beam`` 1: greedy) over ``samples``, each forced to the length of its
-    longest reference; returns the hypotheses."""
+    longest reference; returns the hypotheses. ``model``: see :func:`for_inference`."""
     hypotheses = []
     with torch.no_grad(), torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32):
         for sample in samples:
@@ -181,9 +202,10 @@ def decode(model, task, samples, beam, device, dtype):
     return hypotheses
 
 
-def interleaved_rounds(fns, rounds, device, seed=0, on_round=None):
+def interleaved_rounds(fns, rounds, device, seed=0, on_round=None, clock=time.perf_counter):
     """{name: [seconds of each round]}: one untimed round to warm up, then ``rounds`` rounds in
-    each of which every callable runs once, in an order shuffled afresh (seeded) each round."""
+    each of which every callable runs once, in an order shuffled afresh (seeded) each round,
+    timed by ``clock``."""
     names = list(fns)
     for name in names:
         fns[name]()
@@ -194,13 +216,20 @@ def interleaved_rounds(fns, rounds, device, seed=0, on_round=None):
         rng.shuffle(order)
         for name in order:
             sync(device)
-            start = time.perf_counter()
+            start = clock()
             fns[name]()
             sync(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
         if on_round:
             on_round(r, times)
     return times
+
+
+def clock_of(name: str, device):
+    """``wall``: time.perf_counter; ``cpu``: the process's CPU time (time.process_time), which on a
+    shared machine leaves out the time the process waits for a core (with several torch threads
+    it sums theirs; on a GPU it misses the device's time, so wall is used there)."""
+    return time.process_time if name == "cpu" and device.type == "cpu" else time.perf_counter
 
 
 def median_ratio(times, name, reference):
@@ -243,7 +272,7 @@ def main_table(args, device):
 
     for dtype in dtypes:
         dname = str(dtype).replace("torch.", "")
-        for passes, max_tokens in itertools.product(args.update_freq, args.max_tokens):
+        for passes, max_tokens in itertools.product(args.update_freq, args.max_tokens if "train" in args.parts else []):
             batches = train_sets[max_tokens]
             updates = [batches[i:i + passes] for i in range(0, passes * args.train_batches, passes)]
             for m in models.values():
@@ -253,23 +282,23 @@ def main_table(args, device):
                 for samples in updates:
                     train_update(models[name], criterion, optimizers[name], samples, dtype, device)
 
-            times = interleaved_rounds({n: (lambda n=n: train(n)) for n in names}, args.rounds, device, args.seed)
+            times = interleaved_rounds({n: (lambda n=n: train(n)) for n in names}, args.rounds, device, args.seed,
+                                       clock=clock_of(args.clock, device))
             results["train"].append({"dtype": dname, "max_tokens": max_tokens, "update_freq": passes,
                                      "updates": len(updates), "seconds": times})
             print(f"| train {dname} --max-tokens {max_tokens} --update-freq {passes}: " + ", ".join(
                 f"{n} {1000 * statistics.median(t) / len(updates):.1f} ms/update" for n, t in times.items()),
                 flush=True)
-        for m in models.values():
-            m.eval()
-        for beam in args.beams:
+        inference = {name: for_inference(m, task) for name, m in models.items()}
+        for beam in args.beams if "decode" in args.parts else []:
             times = interleaved_rounds(
-                {n: (lambda n=n: decode(models[n], task, decode_set, beam, device, dtype)) for n in names},
-                args.rounds, device, args.seed)
+                {n: (lambda n=n: decode(inference[n], task, decode_set, beam, device, dtype)) for n in names},
+                args.rounds, device, args.seed, clock=clock_of(args.clock, device))
             sentences = sum(b["nsentences"] for b in decode_set)
             results["decode"].append({"dtype": dname, "beam": beam, "sentences": sentences, "seconds": times})
             print(f"| decode {dname} beam {beam}: " + ", ".join(
                 f"{n} {sentences / statistics.median(t):.1f} sent/s" for n, t in times.items()), flush=True)
-    if not args.no_memory:
+    if "memory" in args.parts:
         largest = max(train_sets[max(args.max_tokens)], key=lambda b: b["net_input"]["src_tokens"].numel())
         for name in names:
             models[name].train()
@@ -401,7 +430,8 @@ def schedule_times(args, device):
             print(f"| round {r + 1}: " + ", ".join(f"{n} {1000 * t[-1] / block:.1f}" for n, t in times.items())
                   + " ms / update", flush=True)
 
-        times = interleaved_rounds({n: (lambda n=n: run(n)) for n in names}, args.rounds, device, args.seed, progress)
+        times = interleaved_rounds({n: (lambda n=n: run(n)) for n in names}, args.rounds, device, args.seed, progress,
+                                   clock_of(args.clock, device))
         print(f"\n| model | ms / update, median block of {block} | / {REFERENCE}, median of rounds | per round |"
               "\n|---|---|---|---|")
         for name in names:
@@ -428,7 +458,7 @@ def profile_step(args, device):
           f"{torch.get_num_threads()} threads", flush=True)
     results, counts = {}, {}
     for name in [STOCK] + list(args.profile_step):
-        model = build(name, args.size, task).to(device).eval()
+        model = for_inference(build(name, args.size, task).to(device), task)
         ops, calls = _profile_one_step(model, task, sample, args.profile_at)
         counts[name] = {e.key: e.count for e in ops.key_averages()}
         own = sorted(((f"{os.path.relpath(f, REPO)}:{line}({fn})", nc, ct) for (f, line, fn), (_, nc, _, ct, _)
@@ -508,13 +538,17 @@ def main(argv=None):
                         help="time only batches with a left-padded source (fairseq pads a batch whose sentences "
                         "differ in length; a scheme may take a per-sentence path for them)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (the median ratio counts)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="wall",
+                        help="wall: elapsed time; cpu: the process's CPU time, which on a shared machine leaves out "
+                        "the time it waits for a core (with several torch threads, their sum; wall on a GPU)")
     parser.add_argument("--seed", type=int, default=1, help="the batches' shuffle and the order of each round")
     parser.add_argument("--decode-batch-size", type=int, default=16,
                         help="sentences a decoding batch (fairseq-generate's --batch-size)")
     parser.add_argument("--decode-batches", type=int, default=4,
                         help="decoding batches timed per model and round, spread over the test split's lengths")
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="beam sizes to decode with (1: greedy)")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak memory measurement")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="what the default table measures: training updates, decoding, peak memory")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: torch's)")
     parser.add_argument("--floater-solve", nargs="*", choices=list(MODEL_SIZES), metavar="SIZE",
                         help="only time one FLOATER ODE solve + backward at these model sizes (default: medium "

@@ -59,7 +59,9 @@ def test_every_model_decodes_the_same_steps(benchmark, task):
         torch.manual_seed(0)
         model = benchmark.build_from_flags(
             "transformer" if name == benchmark.STOCK else "transformer_posenc",
-            TINY + ([] if name == benchmark.STOCK else ["--position-encoding", name]), task, 64).eval()
+            TINY + ([] if name == benchmark.STOCK else ["--position-encoding", name]), task, 64)
+        model = benchmark.for_inference(model, task)
+        assert not model.training and not model.decoder.layers[-1].need_attn  # as fairseq-generate's
         for beam in (1, 3):
             for sample, hypos in zip(batches, benchmark.decode(model, task, batches, beam, torch.device("cpu"),
                                                                torch.float32)):
@@ -86,7 +88,7 @@ def test_the_profile_holds_one_decoding_step(benchmark, task):
     """A tiny stock model: one step runs each of its layers' 8 biased projections once (self-attention
     q, k, v, out; encoder-decoder attention q, out, its keys and values cached; fc1, fc2)."""
     sample = benchmark.fairseq_batches(task, "test", 1, max_sentences=4, shuffle=False)[0]
-    model = benchmark.build_from_flags("transformer", TINY, task, 64).eval()
+    model = benchmark.for_inference(benchmark.build_from_flags("transformer", TINY, task, 64), task)
     ops, calls = benchmark._profile_one_step(model, task, sample, 3)
     counts = {e.key: e.count for e in ops.key_averages()}
     assert counts["aten::addmm"] == 2 * 8
