@@ -119,7 +119,7 @@ NAMED = [
      "drop a term of an equation: the bounded FLOATER's -lambda p (--floater-dissipation, rk4)",
      "return squashed[s, stage] - dissipation * x", "return squashed[s, stage]"),
     (P + "rope.py", "swap left and right: RoPE rotates by -m theta (q_m . k_n still depends on m - n only)",
-     "x32 * cos + rotate_half(x32) * sin", "x32 * cos - rotate_half(x32) * sin"),
+     "cast(x32 * cos + x32.roll(half, -1) * signed_sin", "cast(x32 * cos - x32.roll(half, -1) * signed_sin"),
     (P + "alibi.py", "swap left and right: split ALiBi's even heads see the right, odd ones the left",
      "% 2 == 0", "% 2 == 1"),
 ]

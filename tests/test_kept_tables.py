@@ -162,25 +162,32 @@ def test_a_swap_that_keeps_sums_is_seen():
     assert torch.equal(full_log_probs(model, *batch), full_log_probs(_reloaded(model, "diet_rel"), *batch))
 
 
+@pytest.mark.parametrize("encoding", ["t5", "floater"])
 @torch.no_grad()
-def test_tables_are_checked_once_per_decode_not_every_step(monkeypatch):
-    """The values are compared at the first step of a decode only; later steps reuse the cache
-    (fairseq's cached keys and values are of the first step's parameters too)."""
+def test_tables_are_checked_once_per_decode_not_every_step(monkeypatch, encoding):
+    """The key, the tensors' identity and their values are checked at the first step of a decode
+    only; later steps reuse the tables (FLOATER: its solution) unchecked (fairseq's cached keys and
+    values are of the first step's parameters too)."""
     from fairseq_posenc.positions import kept
 
-    model = _model("t5")
+    model = _model(encoding)
     batch = _batch(model)
     calls = []
     real = kept.KeptFrom.still_current
     monkeypatch.setattr(kept.KeptFrom, "still_current",
                         lambda self, key, tensors, contents=True: calls.append(contents) or real(self, key, tensors,
                                                                                                  contents))
+    _keep_tables(model, batch)  # solved and kept
+    calls.clear()
     encoder_out = model.encoder(batch[0], batch[1])
     state = {}
     for t in range(batch[2].size(1)):
         model.decoder(batch[2][:, : t + 1], encoder_out, incremental_state=state)
-    # the encoder and the first decoding step compare values; the 7 later steps do not
-    assert calls == [True, True] + [False] * 7
+    # the encoder and the first decoding step check; the 7 later steps do not
+    assert calls == [True, True]
+    # a new decode checks again at its first step
+    model.decoder(batch[2][:, :1], encoder_out, incremental_state={})
+    assert calls == [True, True, True]
 
 
 @pytest.mark.parametrize("encoding", ["t5", "floater"])

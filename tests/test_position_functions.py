@@ -6,7 +6,7 @@ import torch
 
 from fairseq_posenc.positions.alibi import alibi_slopes
 from fairseq_posenc.positions.base import AttentionPositions
-from fairseq_posenc.positions.rope import rope_angles, rotate_half
+from fairseq_posenc.positions.rope import rope_angles, rotate_half, rotation_rows
 from fairseq_posenc.positions.segments import segment_ids
 from fairseq_posenc.positions.t5 import relative_position_bucket
 from tolerances import assert_within, float32_tolerance, magnitude
@@ -52,6 +52,14 @@ def test_alibi_slopes_other_head_counts():
 def test_rotate_half():
     x = torch.tensor([1.0, 2.0, 3.0, 4.0])
     assert rotate_half(x).tolist() == [-3.0, -4.0, 1.0, 2.0]
+
+
+def test_rope_rotates_with_a_roll_and_a_signed_sin_exactly_as_with_rotate_half():
+    angles = rope_angles(torch.arange(7), dim=8)
+    cos, signed_sin = rotation_rows(angles)
+    x = torch.randn(3, 7, 8, generator=torch.Generator().manual_seed(0))
+    # bit for bit: only the sign of one factor of each product moved
+    assert torch.equal(x * cos + x.roll(4, -1) * signed_sin, x * angles.cos() + rotate_half(x) * angles.sin())
 
 
 @pytest.mark.numerics

@@ -1,12 +1,13 @@
 """Each scheme computes what its paper says, shares what it should, and caches for decoding."""
 import argparse
+import itertools
 import math
 
 import pytest
 import torch
 
 from fairseq_posenc.modules import PositionalAttention
-from fairseq_posenc.positions import AttentionPositions
+from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions
 from fairseq_posenc.positions.diet_abs import DietAbs
 from fairseq_posenc.positions.diet_rel import DietRel
 from fairseq_posenc.positions.shaw import ShawRelative
@@ -228,3 +229,47 @@ def test_kept_tables_follow_the_module_to_another_dtype():
     assert out.dtype == torch.float64
     scheme = model.encoder.position_encoding
     assert all(table.dtype == torch.float64 for table, _ in scheme._tables.values())
+
+
+# every registered encoding, and the flags that change where a scheme acts in attention
+ACTING = [[name] for name in POSITION_ENCODINGS] + [
+    ["floater", "--floater-cross-attention"], ["rnn", "--floater-cross-attention"],
+    ["floater", "--position-blocks", "input"], ["diet_rel", "--segment-attention"],
+    ["alibi", "--alibi-encoder", "split"], ["alibi", "--alibi-encoder", "crossed"]]
+
+
+@pytest.mark.parametrize("flags", ACTING, ids=" ".join)
+@torch.no_grad()
+def test_a_hook_attention_skips_is_one_that_cannot_act(flags):
+    """Attention calls a hook only on the schemes that declare it acting in its role
+    (PositionEncoding.acts_through): where one declares not, the hook must change nothing, with
+    strong positions, padded or not, in every layer. And attention guards rows without a visible
+    key only where a mask can make them: a bias with -inf must come from a scheme that declares
+    bias_masks_keys (ALiBi's split encoder)."""
+    task = _segment_task() if "--segment-attention" in flags else None
+    model = with_strong_positions(build_model("transformer_posenc", "--position-encoding", *flags, task=task))
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5, 7], tgt_len=6)
+    for stack, tokens in ((model.encoder, src), (model.decoder, prev)):
+        terms = getattr(stack, "position_terms", (stack.position_encoding,))
+        for term in terms:
+            term.begin_forward(tokens)
+        for term, role, layer, padded in itertools.product(terms, ("self", "cross"), range(2), (False, True)):
+            n = tokens.size(1)
+            pads = tokens.eq(model.encoder.dictionary.pad()) if padded else None
+            pos = term.positions(role, n, n, pads, "cpu")
+            assert pos.padded == padded or stack is model.decoder  # targets are right-padded
+            q, k, v = (torch.randn(3, 4, n, 8) for _ in range(3))
+            if not term.acts_through("transform_qkv", role):
+                assert all(a is b for a, b in zip(term.transform_qkv(layer, role, q, k, v, pos), (q, k, v)))
+            if not term.acts_through("attention_bias", role) and role == "self":
+                assert term.attention_bias(layer, q, pos) is None
+            elif role == "self":
+                bias = term.attention_bias(layer, q, pos)
+                assert term.bias_masks_keys or not torch.isneginf(bias).any()
+                if flags[-1] == "split" and stack is model.encoder:
+                    assert torch.isneginf(bias).any()  # the declaration is needed, not just allowed
+            if not term.acts_through("value_term", role) and role == "self":
+                assert term.value_term(layer, torch.rand(3, 4, n, n), pos) is None
+    # and the skipped ones are skipped: sinusoidal builds no positions in attention
+    if flags == ["sinusoidal"]:
+        assert not any(m._reads_positions for m in model.modules() if isinstance(m, PositionalAttention))

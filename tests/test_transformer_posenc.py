@@ -76,8 +76,12 @@ def test_beam_search_matches_stock():
         model.eval()
         generator = SequenceGenerator([model], dictionary, beam_size=4, max_len_b=10)
         hyps.append(generator.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}}))
-    for stock_hyps, our_hyps in zip(*hyps):
-        assert len(stock_hyps) == len(our_hyps) == 4
+    _assert_same_hypotheses(stock, *hyps, beam=4)
+
+
+def _assert_same_hypotheses(stock, expected, actual, beam):
+    for stock_hyps, our_hyps in zip(expected, actual):
+        assert len(stock_hyps) == len(our_hyps) == beam
         for a, b in zip(stock_hyps, our_hyps):
             assert torch.equal(a["tokens"], b["tokens"])
             # a token's log-probability, and the beam's running sum of them (up to n x the score),
@@ -161,3 +165,27 @@ def test_per_head_attention_weights_match_fairseq_multihead_attention():
     # a softmax's probabilities add up to 1: its normaliser and this sum, 6 terms each
     assert_within(per_head[1].sum(-1), torch.ones(4, 2, 6), float32_tolerance(6 + 6, 1.0, sides=1), "sum to 1")
     assert per_head[1][:, 0, :, :2].abs().max() == 0  # padded keys get no weight
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("beam", [1, 4])
+@torch.no_grad()
+def test_generation_as_fairseq_generate_prepares_it_matches_stock(beam):
+    """Models prepared as fairseq-generate prepares them (no attention weights, beamable
+    encoder-decoder attention), a left-padded batch whose sentences finish at different steps,
+    so that fairseq reorders and shrinks the incremental state (the plugin keeps its
+    encoder-decoder mask there) while the others decode on."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    stock, ours = _pair()
+    dictionary = stock.decoder.dictionary
+    src, lengths, _ = toy_batch(dictionary, [9, 5, 7, 3, 8, 6])
+    hyps = []
+    for model in (stock, ours):
+        model.make_generation_fast_(beamable_mm_beam_size=beam, need_attn=False)
+        # </s> as likely as a word: the untrained models end sentences after 2 to 12 words
+        model.decoder.output_projection.weight[dictionary.eos()].neg_()
+        generator = SequenceGenerator([model], dictionary, beam_size=beam, max_len_b=12)
+        hyps.append(generator.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}}))
+    assert len({len(sentence[0]["tokens"]) for sentence in hyps[0]}) > 1  # finished at different steps
+    _assert_same_hypotheses(stock, *hyps, beam=beam)

@@ -22,7 +22,7 @@ from fairseq.modules import MultiheadAttention
 from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor
 
-from ..positions.base import AttentionPositions
+from ..positions.base import AttentionPositions, cast
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -90,13 +90,21 @@ class PositionalAttention(MultiheadAttention):
         self.layer_idx = 0
         # The schemes belong to the stack: a plain tuple keeps them out of this module's
         # parameters and state dict.
-        self.position_terms: Tuple = ()
+        self.attach((), 0)
 
     def attach(self, terms, layer_idx: int):
         """Use the position ``terms`` (PositionEncoding modules of the owning stack) as layer
-        ``layer_idx``."""
+        ``layer_idx``. Each hook is called on the terms that act through it in this attention's
+        role only (:meth:`PositionEncoding.acts_through`), and a call builds the positions only
+        where one of them reads them: a decoding step of an input encoding (sinusoidal, learned)
+        does no position work in attention at all."""
         self.position_terms = tuple(terms)
         self.layer_idx = layer_idx
+        role = "self" if self.self_attention else "cross"
+        self._qkv_terms = tuple(t for t in self.position_terms if t.acts_through("transform_qkv", role))
+        self._bias_terms = tuple(t for t in self.position_terms if t.acts_through("attention_bias", role))
+        self._value_terms = tuple(t for t in self.position_terms if t.acts_through("value_term", role))
+        self._reads_positions = bool(self._qkv_terms or self._bias_terms or self._value_terms)
 
     def block_input(self, x: Tensor) -> Tensor:
         """The input (T, B, C) of the layer this attention opens, with what the position terms add
@@ -153,9 +161,9 @@ class PositionalAttention(MultiheadAttention):
 
         role = "self" if self.self_attention else "cross"
         pos = None
-        if self.position_terms:
+        if self._reads_positions:
             pos = self._positions(q.size(2), k.size(2) if k is not None else 0, key_padding_mask, saved_state)
-            for term in self.position_terms:
+            for term in self._qkv_terms:
                 q, k, v = term.transform_qkv(self.layer_idx, role, q, k, v, pos)
 
         if saved_state is not None:
@@ -165,15 +173,21 @@ class PositionalAttention(MultiheadAttention):
         assert k is not None and v is not None
         kv_bsz, src_len = k.size(0), k.size(2)
 
-        mask = self._additive_mask(attn_mask, key_padding_mask, q.dtype, src_len)
-        value_terms = ()
-        if role == "self":
-            for term in self.position_terms:
-                bias = term.attention_bias(self.layer_idx, q, pos)
-                if bias is not None:
-                    bias = bias.to(q.dtype)
-                    mask = bias if mask is None else mask + bias
-            value_terms = tuple(t for t in self.position_terms if t.needs_attention_weights)
+        # may_block: whether the mask can hide every key of a row (its -inf entries are where it
+        # can: the causal mask, padding, a bias that masks keys), which attention must then guard
+        if static_kv and saved_state is not None and attn_mask is None:
+            mask, may_block = self._kept_padding_mask(incremental_state, saved_state, key_padding_mask, q.dtype,
+                                                      src_len)
+        else:
+            mask = self._additive_mask(attn_mask, key_padding_mask, q.dtype, src_len)
+            may_block = mask is not None
+        for term in self._bias_terms:
+            bias = term.attention_bias(self.layer_idx, q, pos)
+            if bias is not None:
+                bias = cast(bias, q.dtype)
+                mask = bias if mask is None else mask + bias
+                may_block = may_block or term.bias_masks_keys
+        value_terms = self._value_terms
 
         # Beamable encoder-decoder attention: fold the beams into the query length so that
         # (B * beam) queries meet B keys without copying the keys.
@@ -188,7 +202,9 @@ class PositionalAttention(MultiheadAttention):
         if need_weights or value_terms:
             logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
             blocked = None
-            if mask is not None:
+            if mask is not None and not may_block:
+                logits = logits + mask
+            elif mask is not None:
                 # Rows whose every key is masked (a pad query of a head that sees one side,
                 # ALiBi's split encoder): softmax would give NaN there, SDPA gives 0. Zero
                 # logits keep NaN out of the softmax and its backward; only the mask decides
@@ -204,7 +220,7 @@ class PositionalAttention(MultiheadAttention):
                 out = out + term.value_term(self.layer_idx, probs, pos)
         else:
             blocked = None
-            if mask is not None and guards_rows_without_keys(q):
+            if may_block and guards_rows_without_keys(q):
                 # torch's memory-efficient CUDA kernel has returned NaN for a row whose every
                 # key is masked (pytorch/pytorch#110213) where the CPU kernels return 0, and
                 # 0 x NaN is NaN in every later layer: no kernel sees such a row, and its
@@ -223,14 +239,15 @@ class PositionalAttention(MultiheadAttention):
                 out = out.masked_fill(blocked, 0.0)
 
         if beams > 1:
-            # (B, H, beam * T, D) -> (B * beam, H, T, D)
-            out = out.view(kv_bsz, self.num_heads, beams, tgt_len, self.head_dim).transpose(1, 2)
-            out = out.reshape(bsz, self.num_heads, tgt_len, self.head_dim)
+            # (B, H, beam * T, D) -> (T, B * beam, H * D): one copy
+            out = out.view(kv_bsz, self.num_heads, beams, tgt_len, self.head_dim).permute(3, 0, 2, 1, 4)
             if weights is not None:
                 weights = weights.view(kv_bsz, self.num_heads, beams, tgt_len, src_len)
                 weights = weights.transpose(1, 2).reshape(bsz, self.num_heads, tgt_len, src_len)
-        # (B, H, T, D) -> (T, B, H * D)
-        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.inner_dim))
+        else:
+            # (B, H, T, D) -> (T, B, H, D)
+            out = out.permute(2, 0, 1, 3)
+        out = self.out_proj(out.reshape(tgt_len, bsz, self.inner_dim))
 
         if not need_weights:
             weights = None
@@ -279,6 +296,27 @@ class PositionalAttention(MultiheadAttention):
         saved_state["prev_key_padding_mask"] = key_padding_mask
         self._set_input_buffer(incremental_state, saved_state)
         return k, v, key_padding_mask
+
+    def _kept_padding_mask(self, incremental_state: IncrementalState, saved_state: Dict[str, Optional[Tensor]],
+                           key_padding_mask: Optional[Tensor], dtype: torch.dtype, src_len: int):
+        """(the additive mask of encoder-decoder attention in a decode, whether it can hide a whole
+        row): built at the decode's first step and kept in the incremental state beside the keys,
+        so that fairseq's ``reorder_incremental_state`` reorders (or, beamable, keeps) it with them.
+        None where no source is padded (adding zeros changes nothing). A source of padding alone
+        would leave its rows no key: such a mask is not kept, and each step builds and guards it."""
+        if "key_padding_bias" in saved_state:
+            mask = saved_state["key_padding_bias"]
+            if mask is None or (mask.dtype == dtype and mask.size(-1) == src_len):
+                return mask, False
+        if key_padding_mask is None or not bool(key_padding_mask.any()):
+            mask = None
+        elif bool(key_padding_mask.to(torch.bool).all(-1).any()):
+            return self._additive_mask(None, key_padding_mask, dtype, src_len), True
+        else:
+            mask = self._additive_mask(None, key_padding_mask, dtype, src_len)
+        saved_state["key_padding_bias"] = mask
+        self._set_input_buffer(incremental_state, saved_state)
+        return mask, False
 
     @staticmethod
     def _additive_mask(

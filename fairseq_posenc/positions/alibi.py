@@ -141,6 +141,11 @@ class ALiBi(PositionEncoding):
             # an integer: averaging checkpoints and model.half() leave it as it is
             self.register_buffer("encoder_form", torch.tensor(ENCODER_FORMS.index(self.bias_form)))
 
+    @property
+    def bias_masks_keys(self) -> bool:
+        """The split encoder hides one side of every head (-inf); the other forms are finite."""
+        return self.bias_form == "split"
+
     def form(self) -> list:
         """The encoder's form where it is not the published symmetric one, read from the form the
         weights carry (the ``encoder_form`` buffer once loaded), not from the flag; crossed with

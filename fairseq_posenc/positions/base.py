@@ -18,6 +18,7 @@ for all layers that share them (``shared``), and kept across forwards while no g
 recorded and neither the parameters nor the module's settings, device or dtype have changed
 (``table``; :mod:`.kept` says how that is decided), which is what decoding needs.
 """
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
@@ -83,10 +84,18 @@ class AttentionPositions:
         return int(self.k_frame.numel() - self.q_frame.numel()), self.q_frame.numel(), self.k_frame.numel()
 
 
+@functools.lru_cache(maxsize=None)
 def at_least_float32(dtype: torch.dtype) -> torch.dtype:
     """The dtype position terms are computed in: float32, or the model's if wider. Under
-    --fp16/--bf16 they are computed in float32 and cast where attention adds them."""
+    --fp16/--bf16 they are computed in float32 and cast where attention adds them. (Remembered per
+    dtype: attention asks in every layer of every decoding step.)"""
     return torch.promote_types(dtype, torch.float32)
+
+
+def cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x.to(dtype)``, without dispatching an operator when ``x`` already has it (the common
+    float32 case, in every layer of every decoding step)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def gather_square(table: Tensor, pos: AttentionPositions) -> Tensor:
@@ -106,6 +115,9 @@ class PositionEncoding(ForgetsKeptOnCopy, nn.Module):
     extrapolates: bool = True
     #: True where ``value_term`` needs the attention probabilities (no fused attention kernel)
     needs_attention_weights: bool = False
+    #: True where ``attention_bias`` can hide keys with -inf (ALiBi's split encoder): only then can
+    #: the bias leave a query row with no visible key, which attention must then guard
+    bias_masks_keys: bool = False
     #: the dataclass holding the scheme's own flags (None: no flags)
     config = None
     #: where the position encoder acts when --position-blocks is not given ("input" or "all");
@@ -174,8 +186,30 @@ class PositionEncoding(ForgetsKeptOnCopy, nn.Module):
         if not self.extrapolates:
             self.check_length(tokens.size(1), self.max_positions, self.length_flag)
         self._forward_cache.clear()
-        self._tables_checked = False
+        # a later step of a decode keeps the check of its first step: nothing can change the
+        # parameters in between without breaking fairseq's cached keys anyway (.kept)
+        self._tables_checked = continues and self._tables_checked
         self._continues = continues
+
+    #: the hooks attention calls with :class:`AttentionPositions`; attention calls a hook only on
+    #: the schemes that act through it (:meth:`acts_through`)
+    ATTENTION_HOOKS = ("transform_qkv", "attention_bias", "value_term")
+
+    def acts_through(self, hook: str, role: str) -> bool:
+        """Whether ``hook`` (one of :attr:`ATTENTION_HOOKS`) can change anything in ``role``
+        attention ("self" or "cross"), so that attention skips the rest and builds no positions for
+        a call in which no scheme reads them. Derived from the class: a hook acts where the class
+        overrides it, ``attention_bias`` and ``value_term`` in self-attention only (attention adds
+        them there alone), ``value_term`` where the scheme needs the attention weights. A scheme
+        whose ``transform_qkv`` acts in one role only narrows it here
+        (tests/test_position_schemes.py checks every registered scheme's answer against what its
+        hooks do)."""
+        overridden = getattr(type(self), hook) is not getattr(PositionEncoding, hook)
+        if hook == "transform_qkv":
+            return overridden
+        if hook == "value_term":
+            overridden = overridden and self.needs_attention_weights
+        return overridden and role == "self"
 
     def transform_qkv(self, layer: int, role: str, q: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                       pos: AttentionPositions):

@@ -257,6 +257,7 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         self.register_buffer("solution", torch.zeros(0, num_states, dim))
         self.register_buffer("fingerprint", torch.zeros(4, dtype=torch.int64))
         self.solved_length = 0
+        self._checked_in_decode = False
         self._solved_from = KeptFrom()
         self._generation = 0
         self._graph = None  # (generation, solution with autograd history) while training
@@ -354,12 +355,15 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
             self.solved_length = max(self.solved_length, length)
             return solution
         with torch.no_grad():
-            if not self._solution_is_current(contents=not continues):
+            # a later step of a decode keeps the check of its first step (.kept)
+            checked = continues and self._checked_in_decode
+            if not checked and not self._solution_is_current(contents=not continues):
                 self._set_solution(self._solve(self.initial_state(), 0, max(length, MIN_TABLE)))
             elif self.solution.size(0) < length:
                 start = self.solution.size(0) - 1
                 more = self._solve(self.solution[-1], start, max(length, 2 * self.solution.size(0)))
                 self._set_solution(torch.cat([self.solution, more[1:]]))
+            self._checked_in_decode = True
         return self.solution
 
     def _extend(self, solution: Optional[Tensor], length: int) -> Tensor:
@@ -394,6 +398,7 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
 
     def _forget_kept(self):
         self._solved_from = KeptFrom()
+        self._checked_in_decode = False
         self._graph = None
         self._update = None
 
@@ -589,6 +594,10 @@ class FloaterPositionEncoding(PositionEncoding):
         # (B or 1, T, H * D) -> (B or 1, H, T, D)
         bias = rows[:, :, state]
         return bias.view(*bias.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
+
+    def acts_through(self, hook, role):
+        # encoder-decoder attention's keys and values with --floater-cross-attention only
+        return super().acts_through(hook, role) and (role == "self" or self.cross_attention)
 
     def transform_qkv(self, layer, role, q, k, v, pos):
         if layer >= (self.encoder_blocks if self.side == "encoder" else self.decoder_blocks):

@@ -4,7 +4,7 @@ import torch
 from torch import Tensor
 
 from ..compat import PosencError
-from .base import PositionEncoding, at_least_float32
+from .base import PositionEncoding, at_least_float32, cast
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -21,8 +21,13 @@ def rope_angles(positions: Tensor, dim: int, theta: float = 10000.0, dtype: torc
     return torch.cat((angles, angles), dim=-1)
 
 
-def _cos_sin(angles: Tensor):
-    return angles.cos(), angles.sin()
+def rotation_rows(angles: Tensor) -> Tensor:
+    """(2, n, dim): cos, and sin with its first half negated (signed_sin), so that
+    ``x * cos + x.roll(dim / 2, -1) * signed_sin == x * cos + rotate_half(x) * sin`` exactly (a
+    product's sign moves from one factor to the other exactly): two operations fewer a rotation."""
+    sin = angles.sin()
+    half = sin.size(-1) // 2
+    return torch.stack((angles.cos(), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)))
 
 
 @dataclass
@@ -42,6 +47,9 @@ class RotaryPositionEncoding(PositionEncoding):
             raise PosencError(f"rope needs an even head size, got {head_dim}; set --attention-head-dim")
         self.theta = cfg.rope_theta
 
+    def acts_through(self, hook, role):
+        return super().acts_through(hook, role) and role == "self"
+
     def transform_qkv(self, layer, role, q, k, v, pos):
         if role != "self":
             return q, k, v
@@ -50,16 +58,21 @@ class RotaryPositionEncoding(PositionEncoding):
         dtype = at_least_float32(q.dtype)
 
         def rows():
-            # (2, n, D) cos and sin
-            table = self.table("rope", pos.k_frame.numel(), lambda n: torch.stack(_cos_sin(
-                rope_angles(torch.arange(n, device=q.device), self.head_dim, self.theta, dtype))))
-            # the new tokens are the queries: (B or 1, T, D) -> (B or 1, 1, T, D)
-            return table[:, pos.q].unsqueeze(2)
+            # (2, n, D) cos, signed sin
+            table = self.table("rope", pos.k_frame.numel(), lambda n: rotation_rows(
+                rope_angles(torch.arange(n, device=q.device), self.head_dim, self.theta, dtype)))
+            if pos.padded:  # the new tokens are the queries: (2, B, T, D)
+                table = table[:, pos.q]
+            else:  # the queries are the last T of the frame: a slice, (2, 1, T, D)
+                start = pos.key[0]
+                table = table[:, None, start:start + pos.q.size(-1)]
+            return table.unsqueeze(2).unbind(0)  # (B or 1, 1, T, D) each
 
-        cos, sin = self.shared(("rope", pos.padded) + pos.key, rows).unbind(0)
+        cos, signed_sin = self.shared(("rope", pos.padded) + pos.key, rows)
+        half = self.head_dim // 2
 
         def rotate(x):
-            x32 = x.to(dtype)
-            return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
+            x32 = cast(x, dtype)
+            return cast(x32 * cos + x32.roll(half, -1) * signed_sin, x.dtype)  # = x32 cos + rotate_half(x32) sin
 
         return rotate(q), rotate(k), v

@@ -1,7 +1,7 @@
 import torch
 import torch.nn as nn
 
-from .base import PositionEncoding, at_least_float32
+from .base import PositionEncoding, at_least_float32, cast
 from .diet_rel import RelativeDistanceConfig
 
 
@@ -36,8 +36,8 @@ class ShawRelative(PositionEncoding):
         # q_i . a^K_ij / sqrt(d): (B, H, T, D) x (2k+1, D) -> (B, H, T, 2k+1), in float32; cast
         # before the gather to (B, H, T, S), which copies values exactly
         dtype = at_least_float32(q.dtype)
-        scores = torch.matmul(q.to(dtype), self.rel_k[layer].to(dtype).t()) * self.head_dim**-0.5
-        scores = scores.to(q.dtype)
+        scores = torch.matmul(cast(q, dtype), cast(self.rel_k[layer], dtype).t()) * self.head_dim**-0.5
+        scores = cast(scores, q.dtype)
         index = self._index(pos)
         return scores.gather(-1, index.expand(*scores.shape[:2], *index.shape))
 
@@ -48,5 +48,5 @@ class ShawRelative(PositionEncoding):
         index = self._index(pos).expand_as(probs)
         dtype = at_least_float32(probs.dtype)
         pooled = probs.new_zeros(*probs.shape[:3], 2 * self.max_distance + 1, dtype=dtype)
-        pooled.scatter_add_(-1, index, probs.to(dtype))
-        return torch.matmul(pooled, self.rel_v[layer].to(dtype)).to(probs.dtype)
+        pooled.scatter_add_(-1, index, cast(probs, dtype))
+        return cast(torch.matmul(pooled, cast(self.rel_v[layer], dtype)), probs.dtype)
