@@ -223,6 +223,34 @@ def test_training_forward_solves_once_for_all_blocks_and_sentences():
 
 
 @pytest.mark.numerics
+@pytest.mark.parametrize("flags", [(), ("--floater-cross-attention",)], ids=["self", "cross"])
+def test_a_padded_batch_learns_what_its_sentences_learn_alone(flags):
+    """The biases of a left-padded batch are gathered per sentence, those of an unpadded one sliced
+    from the solution (FloaterPositionEncoding._rows): the gradient of a padded batch's summed loss,
+    on every parameter, is the sum of its sentences' gradients alone. In float64 (FLOATER's Python
+    loops), but the solver's times are float32 (as torchdiffeq's), and a sentence alone solves
+    fewer positions, whose last time point is rounded on its own (and extends the solution for
+    its longer target): the sides agree to float32 rounding, not float64's."""
+    model = with_strong_positions(floater("--dropout", "0.0", *flags)).double().train()
+    src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5, 7], tgt_len=6)
+    target = torch.roll(prev, -1, dims=1)
+
+    def gradients(rows, src):
+        model.zero_grad()
+        log_probs = full_log_probs(model, src, lengths[rows], prev[rows])
+        (-log_probs.gather(-1, target[rows, :, None])).sum().backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    batch = gradients(slice(None), src)
+    alone = [gradients(slice(b, b + 1), src[b: b + 1, -n:]) for b, n in enumerate(lengths.tolist())]
+    assert "encoder.position_encoding.ode.initial" in batch
+    for name, grad in batch.items():
+        summed = sum(a[name] for a in alone)
+        assert_within(grad, summed, float32_tolerance(transformer_terms(model, 9, 6), magnitude(summed, floor=1)),
+                      name)
+
+
+@pytest.mark.numerics
 @torch.no_grad()
 def test_extending_a_solution_equals_solving_from_zero():
     model = with_strong_positions(floater())

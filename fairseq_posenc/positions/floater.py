@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..compat import PosencError
 from . import floater_schedule
-from .base import MIN_TABLE, PositionBlocksConfig, PositionEncoding, at_least_float32
+from .base import MIN_TABLE, PositionBlocksConfig, PositionEncoding, at_least_float32, cast
 from .kept import ForgetsKeptOnCopy, KeptFrom, kept_key, saving
 
 FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
@@ -575,24 +575,43 @@ class FloaterPositionEncoding(PositionEncoding):
         if self.side == "encoder":
             self.solver.new_forward()
 
-    def _state(self, layer: int, role: str, projection: int) -> int:
+    def _span(self, role: str) -> Tuple[int, int]:
+        """The states of this stack's ``role`` attention in the ODE's state: [first, end)."""
+        encoder, decoder = 3 * self.encoder_blocks, 3 * self.decoder_blocks
         if self.side == "encoder":
-            return 3 * layer + projection
+            return 0, encoder
         if role == "self":
-            return 3 * self.encoder_blocks + 3 * layer + projection
-        return 3 * self.encoder_blocks + 3 * self.decoder_blocks + 2 * layer + projection - 1
+            return encoder, encoder + decoder
+        return encoder + decoder, encoder + decoder + 2 * self.decoder_blocks
 
-    def _rows(self, role: str, positions: Tensor, pos, like: Tensor) -> Tensor:
-        """The solution at ``positions`` for every block, gathered once per forward and shared
-        by the layers: (B or 1, T, states, H * D)."""
+    def _state(self, layer: int, role: str, projection: int) -> int:
+        """The state of a layer's projection (0, 1, 2: q, k, v), counted within :meth:`_span`."""
+        if role == "self":
+            return 3 * layer + projection
+        return 2 * layer + projection - 1
+
+    def _rows(self, role: str, positions: Tensor, pos, like: Tensor) -> Tuple[Tensor, ...]:
+        """This stack's biases for ``role`` attention at ``positions``, one (B or 1, T, H * D)
+        tensor per state of :meth:`_span`, gathered once per forward and shared by the layers.
+        Unpadded, the positions are a slice of the solution (views, no copy); a padded batch
+        gathers (states, B, T, H * D) once. Either way the backward builds one gradient of the
+        solution, not one per state."""
         def gather():
-            return self.solver.positions(pos.k_frame.numel(), self._continues)[positions].to(like.dtype)
+            first, end = self._span(role)
+            # (L, all states, H * D) -> (states of this span, L, H * D): a view
+            solution = self.solver.positions(pos.k_frame.numel(), self._continues)[:, first:end].transpose(0, 1)
+            if pos.padded:
+                rows = solution[:, positions]  # (states, B, T, H * D)
+            else:  # the frame: queries are the last T of the keys, encoder-decoder keys all of them
+                start = pos.key[0] if role == "self" else 0
+                rows = solution[:, start:start + positions.size(-1)].unsqueeze(1)  # (states, 1, T, H * D)
+            return cast(rows, like.dtype).unbind(0)
 
         return self.shared(("floater", role, pos.padded) + pos.key, gather)
 
-    def _bias(self, rows: Tensor, state: int) -> Tensor:
+    def _bias(self, rows: Tuple[Tensor, ...], state: int) -> Tensor:
         # (B or 1, T, H * D) -> (B or 1, H, T, D)
-        bias = rows[:, :, state]
+        bias = rows[state]
         return bias.view(*bias.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
 
     def acts_through(self, hook, role):
