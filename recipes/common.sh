@@ -360,15 +360,10 @@ evaluated_checkpoint() {
   else echo "$(checkpoint_dir)/averaged_last$AVERAGE.pt"; fi
 }
 
+# the evaluated model's label (fairseq_posenc/labels.py), read from its checkpoint: every option that
+# made it, none taken from the command line; a checkpoint without one stops the recipe, naming it
 encoding_label() {
-  local form="" label="" ckpt
-  ckpt="$(evaluated_checkpoint)"
-  if [ -f "$ckpt" ]; then
-    label="$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m fairseq_posenc.labels "$ckpt" 2> /dev/null | tail -1)" || label=""
-  fi
-  # shellcheck disable=SC2086
-  [ "$ENC" = rnn ] && form=$(printf '%s\n' $MODEL_FLAGS $EXTRA_FLAGS | awk '/^--rnn-/ { f = $0; next } f { printf "%s%s=%s", sep, substr(f, 3), $0; sep = ","; f = "" }')
-  echo "${label:-$ENC}${form:+($form)}"
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m fairseq_posenc.labels "$(evaluated_checkpoint)"
 }
 
 # what differs between the corpora of the recipes (keyed by the corpus's RECIPE, so that the

@@ -138,9 +138,13 @@ def model_flags(encoding: str, args) -> list:
 
 def preflight_label(row: Row, args) -> str:
     """Build the row's model (no data, no training) as fairseq-train will: its flags refused here
-    where they would change nothing (models/config.py), and its label known before any work."""
+    where they would change nothing (models/config.py), and its label known before any work. With
+    --warm-start a FLOATER row is built warm-started, as :func:`warm_start_flags` trains it (from a
+    vanilla model of its size: here an untrained one), which decides its lr scale and its label."""
     import argparse as argparse_
+    import tempfile
 
+    import torch
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
     from fairseq_posenc.models.from_flags import size_flags
@@ -157,13 +161,21 @@ def preflight_label(row: Row, args) -> str:
 
     parser = Parser(argument_default=argparse_.SUPPRESS)
     ARCH_MODEL_REGISTRY["transformer_posenc"].add_args(parser)
-    flags = ["--position-encoding", row.encoding, *size_flags(args.size), *model_flags(row.encoding, args), *row.flags]
-    model_args, _ = parser.parse_known_args(flags)  # training flags (--lr ...) are fairseq-train's to check
-    model_args.arch = "transformer_posenc"
-    ARCH_CONFIG_REGISTRY["transformer_posenc"](model_args)
-    with _TORCH_RNG:
-        model = ARCH_MODEL_REGISTRY["transformer_posenc"].build_model(model_args, Task())
-    return labels.model_label(model)
+
+    def build(encoding, flags):
+        flags = ["--position-encoding", encoding, *size_flags(args.size), *model_flags(encoding, args), *flags]
+        model_args, _ = parser.parse_known_args(flags)  # training flags (--lr ...) are fairseq-train's to check
+        model_args.arch = "transformer_posenc"
+        ARCH_CONFIG_REGISTRY["transformer_posenc"](model_args)
+        with _TORCH_RNG:
+            return ARCH_MODEL_REGISTRY["transformer_posenc"].build_model(model_args, Task())
+
+    if not (args.warm_start and row.encoding == "floater"):
+        return labels.model_label(build(row.encoding, row.flags))
+    with tempfile.TemporaryDirectory() as tmp:
+        vanilla = os.path.join(tmp, "vanilla.pt")
+        torch.save({"model": build("sinusoidal", []).state_dict()}, vanilla)
+        return labels.model_label(build(row.encoding, [*row.flags, "--floater-init-from", vanilla]))
 
 
 def train_flags(row: Row, seed: int, args) -> list:

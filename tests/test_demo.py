@@ -48,10 +48,11 @@ def test_demo_writes_the_report_table_json_and_plot(tmp_path):
 
 
 # the demo's FLOATER (--floater-step 0.1, its OVERRIDES) and the same with its flow model solved
-# every 10 updates: each row labelled from its trained model (warm-started, C defaults to 1, not
-# to the min(N, 10) of a FLOATER from scratch: the label says so)
-FLOATER = "floater (step 0.1)"
-FLOATER_N10 = "floater (solve every 10, lr scale 1, step 0.1)"
+# every 10 updates: each row labelled from its trained model (warm-started, which the weights
+# record; C defaults to 1 there, the published C of a warm start, not the min(N, 10) of a FLOATER
+# from scratch)
+FLOATER = "floater (warm start, step 0.1)"
+FLOATER_N10 = "floater (warm start, solve every 10, step 0.1)"
 
 
 def test_warm_start_trains_floater_rows_and_one_control_from_sinusoidals_best_checkpoint(tmp_path):
@@ -150,17 +151,24 @@ def test_row_specs_add_flags_name_a_directory_and_a_label(tmp_path):
         ("floater", ["--floater-solve-every", "10", "--floater-lr-scale", "1"],
          "floater-floater-solve-every-10-floater-lr-scale-1"),
         ("t5", ["--segment-attention"], "t5-segment-attention")]
-    args = argparse.Namespace(size="tiny", position_bias_scale=1.0)
+    args = argparse.Namespace(size="tiny", position_bias_scale=1.0, warm_start=0)
     assert [demo.preflight_label(r, args) for r in rows] == [
         "alibi", "alibi (split)", "t5 (bias scale 10)", "floater (solve every 10, lr scale 1, step 0.1)",
         "t5 (segment attention)"]
+    # --warm-start: FLOATER rows are built warm-started, as they train: N = 10 takes C = 1 there, so
+    # that a row asking for C = 10 is another model (issue 38: both were labelled C = 10 and refused)
+    warm = argparse.Namespace(size="tiny", position_bias_scale=1.0, warm_start=40)
+    assert [demo.preflight_label(demo.parse_row(spec), warm) for spec in (
+        "floater:--floater-solve-every=10", "floater:--floater-solve-every=10,--floater-lr-scale=10", "t5")] == [
+        "floater (warm start, solve every 10, step 0.1)", "floater (warm start, solve every 10, lr scale 10, step 0.1)",
+        "t5"]
     # the spec's flags come last in the training command, after the demo's own
     flags = demo.train_flags(rows[2], 1, argparse.Namespace(max_update=10, size="tiny", lr=1e-3, max_tokens=100,
                                                             position_bias_scale=1.0))
     assert flags[-4:] == ["--position-bias-scale", "1.0", "--position-bias-scale", "10"]
-    assert demo.preflight_label(rows[0], argparse.Namespace(size="tiny", position_bias_scale=10.0)) == "alibi"
-    assert demo.preflight_label(demo.parse_row("t5"), argparse.Namespace(size="tiny", position_bias_scale=10.0)) \
-        == "t5 (bias scale 10)"
+    scaled = argparse.Namespace(size="tiny", position_bias_scale=10.0, warm_start=0)
+    assert demo.preflight_label(rows[0], scaled) == "alibi"
+    assert demo.preflight_label(demo.parse_row("t5"), scaled) == "t5 (bias scale 10)"
 
 
 def test_a_bped_corpus_is_binned_in_the_unit_asked_and_scored_on_detokenized_words(tmp_path):

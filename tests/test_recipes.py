@@ -286,10 +286,11 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     long_pairs = sum(v for k, v in counts.items() if k != "train")
     assert re.search(r"^\| encoding \| \[12,15\) n=\d+ \| \[15,18\) n=\d+ \| \[18,inf\) n=\d+ \|$", report, re.M)
     assert re.search(r"^\| sinusoidal \| \d+\.\d \| \d+\.\d \| \d+\.\d \|$", report, re.M)
-    assert re.search(r"^\| floater \| \d+\.\d \(", report, re.M)
+    assert re.search(r"^\| floater \(warm start\) \| \d+\.\d \(", report, re.M)  # its label names the start
     assert "source length in words" in report
     results = json.loads((out / "bleu_by_length.json").read_text())
-    assert set(results["models"]) == {"sinusoidal", "floater", "vanilla_continued"} and results["unit"] == "words"
+    assert set(results["models"]) == {"sinusoidal", "floater (warm start)", "vanilla_continued"}
+    assert results["unit"] == "words"
     assert sum(b["sentences"] for b in results["bins"]) == long_pairs
     png = (out / "bleu_by_length.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -310,9 +311,9 @@ def test_floater_warm_start_path_and_extrapolation_recipe(prepared, tmp_path):
     assert f"loading pretrained model from {os.path.realpath(out / 'floater' / 'vanilla')}/checkpoint_best.pt" in control_log
     assert (out / "floater" / "vanilla_continued" / "averaged_last2.pt").exists()
     assert re.search(r"^\| vanilla_continued \| \d+\.\d \(", report, re.M)
-    assert re.search(r"^\| floater - vanilla_continued \| [+-]\d+\.\d \[", report, re.M)
-    assert results["controls"] == {"floater": "vanilla_continued"}
-    assert all("vs_control" in row for row in results["models"]["floater"])
+    assert re.search(r"^\| floater \(warm start\) - vanilla_continued \| [+-]\d+\.\d \[", report, re.M)
+    assert results["controls"] == {"floater (warm start)": "vanilla_continued"}
+    assert all("vs_control" in row for row in results["models"]["floater (warm start)"])
     # a re-run with the same settings trains and decodes nothing again
     stdout = ok(run("extrapolation/run.sh", env=env))
     # every model's stages are decided again (finished: skipped) and its decode step is done before
