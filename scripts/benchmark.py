@@ -35,6 +35,7 @@ not depend on the machine's load.
 import argparse
 import copy
 import cProfile
+import glob
 import itertools
 import json
 import logging
@@ -42,7 +43,9 @@ import math
 import os
 import pstats
 import random
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -485,33 +488,84 @@ def profile_step(args, device):
     return results
 
 
-def _profile_one_step(model, task, sample, at):
-    generator = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_a=0,
-                                  max_len_b=at + 2, min_len=at + 2)
+def _step_window(model, task, sample, at, steps, start, stop, beam=1):
+    """Decode ``sample`` (beam search, ``beam`` 1: greedy) twice, the first to warm up (it builds the
+    kept tables), and call ``start()`` as the second reaches decoding step ``at`` and ``stop()`` as
+    it reaches step ``at + steps``: the window holds ``steps`` whole steps of fairseq's generator,
+    from one call of the decoder to the next."""
+    generator = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_a=0,
+                                  max_len_b=at + steps + 1, min_len=at + steps + 1)
     forward_decoder = generator.model.forward_decoder
-    state = {"calls": 0, "ops": None, "python": None}
-
-    def stop():
-        state["python"].disable()
-        state["ops"].stop()
+    calls = [None]
 
     def wrapped(*a, **kw):
-        if state["calls"] == at + 1:
+        if calls[0] == at + steps:
             stop()
-        if state["calls"] == at:
-            state["ops"] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            state["python"] = cProfile.Profile()
-            state["ops"].start()
-            state["python"].enable()
-        state["calls"] += 1
+        if calls[0] == at:
+            start()
+        if calls[0] is not None:
+            calls[0] += 1
         return forward_decoder(*a, **kw)
 
     generator.model.forward_decoder = wrapped
     with torch.no_grad():
-        generator.forward(sample)  # a warm-up: the first decode builds the kept tables
-        state["calls"] = 0
         generator.forward(sample)
-    return state["ops"], pstats.Stats(state["python"], stream=sys.stdout)
+        calls[0] = 0
+        generator.forward(sample)
+
+
+def _profile_one_step(model, task, sample, at):
+    ops = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    python = cProfile.Profile()
+
+    def start():
+        ops.start()
+        python.enable()
+
+    def stop():
+        python.disable()
+        ops.stop()
+
+    _step_window(model, task, sample, at, 1, start, stop)
+    return ops, pstats.Stats(python, stream=sys.stdout)
+
+
+def callgrind_steps(args, device):
+    """Instructions of --callgrind-steps decoding steps (greedy, or --beams' first) from step
+    --profile-at of stock fairseq and each --profile-step encoding, counted by callgrind: the script
+    runs under ``valgrind --tool=callgrind --instr-atstart=no`` and switches the instrumentation on
+    and off around the steps (callgrind_control), then dumps each model's count. A count of
+    instructions does not depend on the machine's load."""
+    if not shutil.which("callgrind_control"):
+        raise SystemExit("--callgrind-steps needs valgrind's callgrind_control on the PATH")
+    task = translation_task(args.data or toy_data_bin(args.output_dir, args.vocab, args.corpus_lengths,
+                                                      args.corpus_sentences))
+    sample = to_device(fairseq_batches(task, "test", 1, max_sentences=args.decode_batch_size, shuffle=False,
+                                       only_padded=args.only_padded)[0], device)
+    beam = args.beams[0]
+    print(f"| callgrind: {args.callgrind_steps} decoding steps from step {args.profile_at}, beam {beam}, "
+          f"{describe([sample])}, size {args.size}, {torch.get_num_threads()} threads", flush=True)
+
+    def control(*flags):
+        subprocess.run(["callgrind_control", *flags, str(os.getpid())], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+    counts = {}
+    for name in [STOCK] + list(args.profile_step):
+        model = for_inference(build(name, args.size, task).to(device), task)
+        control("--zero")
+        _step_window(model, task, sample, args.profile_at, args.callgrind_steps,
+                     lambda: control("--instr=on"), lambda: control("--instr=off"), beam)
+        before = set(glob.glob(f"callgrind.out.{os.getpid()}*"))
+        control(f"--dump={name}")
+        dumped = set(glob.glob(f"callgrind.out.{os.getpid()}*")) - before
+        if len(dumped) != 1:
+            raise SystemExit("run the script under valgrind --tool=callgrind --instr-atstart=no, from the directory "
+                             "callgrind writes its dumps to (the default callgrind.out.<pid>)")
+        with open(dumped.pop()) as f:
+            counts[name] = next(int(line.split()[1]) for line in f if line.startswith("totals:"))
+        print(f"| {name}: {counts[name]:,} instructions ({counts[name] / counts[STOCK]:.4f}x stock fairseq)", flush=True)
+    return {"beam": beam, "steps": args.callgrind_steps, "at": args.profile_at, "instructions": counts}
 
 
 def main(argv=None):
@@ -567,6 +621,9 @@ def main(argv=None):
                         help="only profile one greedy decoding step of stock fairseq and of these encodings: "
                              "torch's operators and Python's function calls")
     parser.add_argument("--profile-at", type=int, default=16, help="the decoding step --profile-step profiles")
+    parser.add_argument("--callgrind-steps", type=int, default=None, metavar="K",
+                        help="with --profile-step, under valgrind --tool=callgrind --instr-atstart=no: count the "
+                             "instructions of K decoding steps (beam: the first of --beams) of each model instead")
     parser.add_argument("--profile-rows", type=int, default=0,
                         help="also print torch's table of each model's operators, this many rows (by count)")
     parser.add_argument("--profile-functions", type=int, default=15,
@@ -580,6 +637,8 @@ def main(argv=None):
     unknown = [e for e in args.encodings + (args.profile_step or []) if e.split(":")[0] not in POSITION_ENCODINGS]
     if unknown:
         parser.error(f"unknown encodings {', '.join(unknown)}; choose from {', '.join(POSITION_ENCODINGS)}")
+    if args.callgrind_steps and not args.profile_step:
+        parser.error("--callgrind-steps counts the steps of the --profile-step models: name them")
     if args.quick:
         args.size, args.max_tokens, args.rounds, args.train_batches, args.decode_batches = "small", [512], 3, 2, 2
         args.decode_batch_size = 8
@@ -591,6 +650,8 @@ def main(argv=None):
                                                        args.rounds)}
     elif args.floater_solve_every:
         result = {"floater_solve_every": schedule_times(args, device)}
+    elif args.profile_step and args.callgrind_steps:
+        result = {"callgrind_steps": callgrind_steps(args, device)}
     elif args.profile_step:
         result = {"profile_step": profile_step(args, device)}
     else:

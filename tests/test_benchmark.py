@@ -94,3 +94,8 @@ def test_the_profile_holds_one_decoding_step(benchmark, task):
     assert counts["aten::addmm"] == 2 * 8
     steps = [nc for (f, _, fn), (_, nc, _, _, _) in calls.stats.items() if fn == "extract_features_scriptable"]
     assert steps == [1]
+
+
+def test_callgrind_counting_is_refused_without_models_to_count(benchmark):
+    with pytest.raises(SystemExit):
+        benchmark.main(["--callgrind-steps", "4"])

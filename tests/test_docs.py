@@ -37,7 +37,7 @@ FAIRSEQ_PARSERS = {
 SKIPPED = {"sbatch", "cd", "set", "for", "done", "fi", "if", "echo", "ls", "cat", "mkdir", "cp", "rm", "pip", "git",
            "nvidia-smi", "du", "df", "sacrebleu", "true"}
 # words that run the command after them (srun's own options, if any, first)
-PREFIXES = {"do", "then", "else", "srun", "time", "nohup"}
+PREFIXES = {"do", "then", "else", "srun", "time", "nohup", "valgrind"}
 # variables of the environment, not of the recipes: the shell's, CUDA's, torch's, OpenMP's
 ENVIRONMENT = {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY", "CI", "PATH", "PYTHONPATH"}
 PLACEHOLDER = re.compile(r"^(\.\.\.|…|\$.*|<.*>)$")
