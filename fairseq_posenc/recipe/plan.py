@@ -56,7 +56,6 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 
 ARCHS = {  # d_model, ffn, layers per side (Vaswani et al.'s base and big, fairseq's transformer_iwslt_de_en)
     "base": (512, 2048, 6),
@@ -757,6 +756,9 @@ def check_finished(checkpoint: str, max_update: Optional[int], max_epoch: Option
 
 
 def main(argv: Optional[List[str]] = None):
+    # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py); not at
+    # import: the workflow imports this module into Snakemake's process, whose log it would repeat
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="print the training plan; write the recipe's settings to --env-out")
@@ -864,3 +866,109 @@ def main(argv: Optional[List[str]] = None):
 
 if __name__ == "__main__":
     main()
+
+
+# ------------------------------------------------------------------------------------------------
+# the workflow's plan (recipes/rules/train.smk): once per distinct model, then the totals
+def model_plan(data_bin: str, config: Dict, arch: str, model_flags: str, average: int, epoch_checkpoints: bool,
+               tokens_per_second: Optional[float], gpus: int, keeps_three: bool = False) -> Dict:
+    """What one model's training takes, from its resolved fairseq configuration: tokens per
+    update, updates per epoch (fairseq's own batches of the binarized training set, where it is
+    prepared), where it stops, the checkpoints averaged, disk and GPU-hours."""
+    max_tokens = int(config.get("dataset.max_tokens") or 0)
+    update_freq = int((config.get("optimization.update_freq") or [1])[0])
+    world = int(config.get("distributed_training.distributed_world_size") or 1)
+    max_update = config.get("optimization.max_update") or None
+    max_epoch = config.get("optimization.max_epoch") or None
+    interval = int(config.get("checkpoint.save_interval_updates") or 0)
+    lines = [f"tokens per update: {max_tokens} x {world} process(es) x update-freq {update_freq} = "
+             f"{max_tokens * world * update_freq} padded tokens at most"]
+    out = {"updates": None, "disk": None, "gpu_hours": None, "lines": lines}
+    if not glob_train(data_bin):
+        budget = " or ".join(x for x in (max_update and f"update {max_update}", max_epoch and f"epoch {max_epoch}") if x)
+        lines.append(f"ends at {budget}; updates per epoch, checkpoints and disk once {data_bin} is prepared")
+        out["updates"] = max_update if max_update and not max_epoch else None
+        return out
+    src, tgt = training_pair(data_bin)
+    src_sizes, tgt_sizes = dataset_sizes(data_bin, src, tgt)
+    batches, padded = batch_layout(src_sizes, tgt_sizes, max_tokens)
+    per_epoch = updates_per_epoch(batches, world, update_freq)
+    end = stage_end(Stage("train", max_update, max_epoch), per_epoch)
+    lines.append(f"training set: {len(src_sizes)} pairs, {batches} batches of --max-tokens {max_tokens}; "
+                 f"updates per epoch: {per_epoch}")
+    lines.append(f"ends at update {end} ({end / per_epoch:.2f} epochs, "
+                 f"{'--max-update' if end == max_update else '--max-epoch'})")
+    vocab = dictionary_size(data_bin, src)
+    if not same_dictionary(data_bin, src, tgt):
+        vocab += dictionary_size(data_bin, tgt)
+    size = parameters(arch, vocab, model_flags) * BYTES_PER_PARAM if arch in ARCHS else 0
+    if epoch_checkpoints:
+        epochs = end // per_epoch
+        lines.append(f"averaged: the last {average} of {epochs} epoch checkpoints")
+        kept = average + 2
+    elif keeps_three:
+        lines.append("keeps checkpoint_best.pt, checkpoint_last.pt and its last interval checkpoint (a start)")
+        kept = 3
+    else:
+        saved = interval_checkpoints(end, interval, per_epoch) if interval else []
+        averaged = saved[-average:]
+        if len(saved) < average:
+            lines.append(f"WARNING: {len(saved)} interval checkpoints every {interval} updates: too few to average "
+                         f"the last {average}; lower save_interval_updates or evaluate.average, or train longer")
+        else:
+            lines.append(f"averaged: updates {', '.join(map(str, averaged))} (checkpoints every {interval})")
+        kept = average + 3
+    out["updates"] = end
+    if size:
+        out["disk"] = kept * size
+        lines.append(f"disk: about {human_bytes(kept * size)} ({human_bytes(size)} a checkpoint with Adam's state)")
+    if tokens_per_second:
+        seconds = end * (int(tgt_sizes.sum()) / per_epoch) / tokens_per_second
+        out["gpu_hours"] = seconds / 3600 * gpus
+        lines.append(f"time: {seconds / 3600:.1f} h on {gpus} GPU(s) at {tokens_per_second:g} target tokens a second a "
+                     f"GPU ({out['gpu_hours']:.1f} GPU-hours; an assumption: set train.tokens_per_second from "
+                     "fairseq's wps)")
+    return out
+
+
+def glob_train(data_bin: str) -> bool:
+    import glob
+
+    return bool(glob.glob(os.path.join(data_bin, "train.*-*.*.idx")))
+
+
+def print_study_plan(study, resolved: Dict[str, tuple], stream=None):
+    """The plan of every distinct model of ``study`` (models of one resolved configuration, start
+    and teacher counted once: FLOATER's vanilla stage), then the totals, in the dry run."""
+    stream = stream or sys.stderr
+    seen, totals = {}, {"updates": 0, "disk": 0, "gpu_hours": 0.0}
+    unknown = []
+    gpus = study.world() if study.train["device"] == "gpu" else 0
+    for model in study.models:
+        config, config_id = resolved[model.key]
+        key = (config_id, model.start, model.teacher)
+        if key in seen:
+            print(f"| plan {model.key}: the same model as {seen[key]}", file=stream)
+            continue
+        seen[key] = model.key
+        model_flags = " ".join(map(str, study.train.get("model_flags", [])))
+        try:
+            plan = model_plan(study.data_bin(), config, study.arch, model_flags, study.average(model),
+                              study.evaluate["checkpoints"] == "epoch", study.train.get("tokens_per_second"),
+                              max(gpus, 1), keeps_three=model.kind == "vanilla")
+        except PlanError as e:
+            raise PlanError(f"{model.key}: {e}") from None
+        print(f"| plan {model.key} (configuration {config_id}):", file=stream)
+        for line in plan["lines"]:
+            print(f"|   {line}", file=stream)
+        for name in totals:
+            totals[name] += plan[name] or 0
+        if plan["updates"] is None:
+            unknown.append(model.key)
+    line = f"| plan total: {len(seen)} model(s) to train"
+    line += f", {totals['updates']} updates" + (f" and those of {len(unknown)} trained by epochs" if unknown else "")
+    if totals["disk"]:
+        line += f", about {human_bytes(totals['disk'])} of checkpoints"
+    if totals["gpu_hours"]:
+        line += f", {totals['gpu_hours']:.1f} GPU-hours"
+    print(line, file=stream)

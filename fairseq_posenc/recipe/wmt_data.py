@@ -43,7 +43,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional
 
-logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 
 
 class DataError(Exception):
@@ -499,6 +498,9 @@ def _count(path: str, name: str) -> int:
 
 
 def main(argv: Optional[List[str]] = None):
+    # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py); not at
+    # import: the workflow imports this module into Snakemake's process, whose log it would repeat
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_fetch = sub.add_parser("fetch", help="check the archives, downloading the missing ones")
