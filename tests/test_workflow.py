@@ -1,0 +1,207 @@
+"""recipes/Snakefile with the stub fairseq-train of tests/stubs on the demo's toy corpus (no GPU,
+no download): what Snakemake retrains, and what the training jobs record, refuse and share.
+
+Each test copies one prepared toy corpus and runs the workflow's training targets in a fresh
+Snakemake process, as a user would (recipes/run.sh's options)."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STUBS = os.path.join(REPO, "tests", "stubs")
+SNAKEMAKE = os.path.join(os.path.dirname(sys.executable), "snakemake")
+SNAKEFILE = os.path.join(REPO, "recipes", "Snakefile")
+DEMO = os.path.join(REPO, "recipes", "conf", "demo.yaml")
+
+# the demo's corpus, smaller; the stub trains
+STUDY = {"out": "study", "corpus": {"data": "corpus", "toy": {"train_size": 300, "test_size": 20}},
+         "models": {"encodings": ["sinusoidal"]}, "train": {"max_update": 6}}
+
+
+def snakemake(workdir, study, *args, env=None, timeout=300):
+    """Snakemake on the demo's configuration updated with ``study``, in ``workdir``."""
+    with open(os.path.join(workdir, "study.yaml"), "w") as f:
+        yaml.safe_dump(study, f)
+    path = f"{STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    return subprocess.run([SNAKEMAKE, "-s", SNAKEFILE, "--configfile", DEMO, "study.yaml", "-c1", "--rerun-incomplete",
+                           *args], cwd=workdir, capture_output=True, text=True, timeout=timeout, start_new_session=True,
+                          env={**os.environ, "PATH": path, "STUB_LOG": os.path.join(workdir, "calls.jsonl"),
+                               "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stdout[-3000:] + "\n---\n" + proc.stderr[-5000:]
+    return proc.stdout + proc.stderr
+
+
+def calls(workdir):
+    path = os.path.join(workdir, "calls.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def record(workdir, name, seed=1):
+    with open(os.path.join(workdir, "study", "models", name, f"seed{seed}", "trained.json")) as f:
+        return json.load(f)
+
+
+def target(name, seed=1):
+    return f"study/models/{name}/seed{seed}/trained.json"
+
+
+def updates(checkpoint):
+    return torch.load(checkpoint, weights_only=False)["optimizer_history"][-1]["num_updates"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The toy corpus, prepared once by the workflow's own rule."""
+    base = tmp_path_factory.mktemp("corpus")
+    ok(snakemake(str(base), STUDY, "corpus/data-bin"))
+    return str(base / "corpus")
+
+
+@pytest.fixture
+def work(corpus, tmp_path):
+    shutil.copytree(corpus, tmp_path / "corpus")
+    # the copy is as old as the original: nothing upstream looks newer than the corpus
+    return str(tmp_path)
+
+
+def study(**changes):
+    out = json.loads(json.dumps(STUDY))
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            out.setdefault(section, {})[field] = value
+        else:
+            out[section] = value
+    return out
+
+
+def test_a_changed_setting_retrains_and_the_dry_run_names_the_flag_with_its_old_and_new_value(work):
+    first = ok(snakemake(work, STUDY, target("sinusoidal")))
+    # the plan, once per model, with its totals: the stub's budget on the toy corpus's real batches
+    assert re.search(r"\| plan sinusoidal/seed1 \(configuration [0-9a-f]{12}\):", first)
+    assert "|   ends at update 6 (" in first and "| plan total: 1 model(s) to train, 6 updates" in first
+    assert [c["to"] for c in calls(work)] == [6]
+    rec = record(work, "sinusoidal")
+    assert rec["updates"] == 6 and rec["trained"] == "now" and rec["budget"]["max_update"] == 6
+    # what trained it is recorded with the model: the code's hash and the versions
+    assert rec["keyed"]["code"] and rec["software"]["torch"] == torch.__version__
+    assert os.path.realpath(os.path.join(work, "study/models/sinusoidal/seed1/checkpoints")) == \
+        os.path.realpath(os.path.join(work, rec["checkpoints"]))
+    assert ok(snakemake(work, STUDY, target("sinusoidal"), "-n")).count("rule train") == 0
+    changed = study(train__lr=0.006)
+    dry = ok(snakemake(work, changed, target("sinusoidal"), "-n"))
+    reason = next(line for line in dry.splitlines() if "Params have changed" in line)
+    assert "'--lr', '0.003'" in reason.split(" now: ")[0] and "'--lr', '0.006'" in reason.split(" now: ")[1]
+    ok(snakemake(work, changed, target("sinusoidal")))
+    # another configuration: another directory, trained from scratch; the first one is kept
+    assert [(c["from"], c["to"]) for c in calls(work)] == [(0, 6), (0, 6)]
+    assert record(work, "sinusoidal")["checkpoints"] != rec["checkpoints"]
+    assert os.path.exists(os.path.join(work, rec["checkpoints"], "checkpoint_last.pt"))
+    # a field the hash leaves out (logging) reruns the job, which trains nothing: the checkpoint is at its budget
+    logging = study(train__lr=0.006, train__flags=["--log-interval", "7"])
+    out = ok(snakemake(work, logging, target("sinusoidal")))
+    assert "trained before to update 6" in out and len(calls(work)) == 2
+    assert record(work, "sinusoidal")["trained"] == "before"
+    # a larger budget goes on from the last checkpoint, in the same directory
+    ok(snakemake(work, study(train__lr=0.006, train__flags=["--log-interval", "7"], train__max_update=9),
+                 target("sinusoidal")))
+    assert [(c["from"], c["to"]) for c in calls(work)][-1] == (6, 9)
+    # a smaller one than the directory holds is refused: its checkpoints are not this budget's
+    proc = snakemake(work, study(train__lr=0.006, train__max_update=4), target("sinusoidal"))
+    assert proc.returncode != 0 and "past this job's budget (update 4)" in proc.stdout + proc.stderr
+
+
+def test_an_exit_0_before_the_budget_fails_the_job_and_writes_no_record(work):
+    proc = snakemake(work, STUDY, target("sinusoidal"), env={"STUB_STOP_AT": "4"})
+    assert proc.returncode != 0
+    assert "fairseq-train exited 0 but stopped at update 4 (epoch 0), before its budget (update 6)" in proc.stdout + proc.stderr
+    assert "--stop-time-hours, --patience" in proc.stdout + proc.stderr
+    assert not os.path.exists(os.path.join(work, target("sinusoidal")))
+    # the next run goes on from update 4
+    ok(snakemake(work, STUDY, target("sinusoidal")))
+    assert [(c["from"], c["to"]) for c in calls(work)] == [(0, 4), (4, 6)]
+
+
+def test_a_run_killed_after_its_last_save_finishes_on_the_next_run_without_training(work):
+    # the stub saves update 6 (the budget) of the vanilla stage, then kills Snakemake with itself
+    config = study(models__encodings=["floater"], warm_start={"enabled": True, "start": "vanilla", "control": False,
+                                                             "vanilla": {"max_update": 6, "max_epoch": None},
+                                                             "second": {"max_update": 3, "max_epoch": None}})
+    proc = snakemake(work, config, target("floater"),
+                     env={"STUB_FAIL_AFTER": "6", "STUB_FAIL_IN": "checkpoints", "STUB_KILL_GROUP": "1"})
+    assert proc.returncode != 0 and len(calls(work)) == 1 and calls(work)[0]["crashed"]
+    assert not os.path.exists(os.path.join(work, target("vanilla")))
+    # Snakemake's lock, left by the killed process, is lifted as its message says; then the run
+    ok(snakemake(work, config, "--unlock"))
+    out = ok(snakemake(work, config, target("floater")))
+    assert "trained before to update 6" in out
+    # the vanilla stage is not trained again; FLOATER starts from its best checkpoint
+    floater = [c for c in calls(work) if not c.get("crashed")]
+    vanilla = record(work, "vanilla")
+    assert len(floater) == 1 and floater[0]["init"] == os.path.join(vanilla["checkpoints"], "checkpoint_best.pt")
+    assert vanilla["trained"] == "before" and record(work, "floater")["updates"] == 3
+
+
+def test_floaters_variants_share_one_vanilla_job_and_another_start_restarts_them(work):
+    config = study(models__encodings=["floater", "floater:--position-blocks=input", "sinusoidal"],
+                   warm_start={"enabled": True, "start": "vanilla", "vanilla": {"max_update": 5, "max_epoch": None},
+                               "second": {"max_update": 3, "max_epoch": None}})
+    # with the demo's flags the vanilla stage is the sinusoidal row's model with another budget: one
+    # directory for two jobs, refused (warm_start.start: sinusoidal starts from the row itself)
+    proc = snakemake(work, config, "-n")
+    assert proc.returncode != 0 and "configuration refused: sinusoidal/seed1 and vanilla/seed1 resolve to one " \
+        "configuration with different budgets" in proc.stdout + proc.stderr
+    config["models"]["encodings"].remove("sinusoidal")
+    targets = [target(name) for name in ("floater", "floater-position-blocks-input", "vanilla_continued")]
+    dry = ok(snakemake(work, config, *targets, "-n"))
+    stats = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.split("Job stats:")[1].split("Reasons")[0], re.M))
+    assert stats["train"] == "4"  # one vanilla stage, two FLOATER rows, the control
+    assert "| plan floater-position-blocks-input/seed1" in dry and "| plan vanilla/seed1" in dry
+    ok(snakemake(work, config, *targets))
+    trained = calls(work)
+    vanilla = record(work, "vanilla")["checkpoints"]
+    assert [os.path.basename(c["save_dir"]) for c in trained].count(os.path.basename(vanilla)) == 1
+    starts = {c["init"] for c in trained if c["init"]}
+    assert starts == {os.path.join(vanilla, "checkpoint_best.pt")} and len(trained) == 4
+    control = next(c for c in trained if "--finetune-from-model" in c["argv"])
+    assert control["argv"][control["argv"].index("--finetune-from-model") + 1] == \
+        os.path.join(vanilla, "checkpoint_best.pt") and control["lr"] == "0.0015"
+    assert all("--position-blocks" not in c["argv"] for c in trained if c["save_dir"].endswith(os.path.basename(vanilla)))
+    # a longer vanilla stage goes on in its directory; the stages started from it start over from
+    # its new best checkpoint (their hash holds the start's content), not from their old checkpoints
+    config["warm_start"]["vanilla"]["max_update"] = 7
+    ok(snakemake(work, config, *targets))
+    again = calls(work)[len(trained):]
+    assert [(c["from"], c["to"]) for c in again if c["init"] is None and "--finetune-from-model" not in c["argv"]] \
+        == [(5, 7)]
+    assert sorted((c["from"], c["to"]) for c in again if c["init"] or "--finetune-from-model" in c["argv"]) == \
+        [(0, 3)] * 3
+
+
+def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
+    proc = snakemake(work, study(models__encodings=["sinusoidal", "t6"]), "-n")
+    assert proc.returncode != 0
+    assert "configuration refused: models.encodings t6: 't6' is not a position encoding; choose one of " \
+           "sinusoidal, learned" in proc.stdout + proc.stderr
+    assert "Job stats" not in proc.stdout + proc.stderr and not os.path.exists(os.path.join(work, "study"))
+    # a flag that would change nothing, and two rows of one model
+    proc = snakemake(work, study(models__encodings=["sinusoidal:--alibi-encoder=split"]), "-n")
+    assert "--alibi-encoder split would change nothing" in proc.stdout + proc.stderr and proc.returncode != 0
+    proc = snakemake(work, study(models__encodings=["alibi", "alibi:--alibi-encoder=symmetric"]), "-n")
+    assert "models.encodings alibi and alibi:--alibi-encoder=symmetric are the same model, 'alibi'" in proc.stdout + proc.stderr
+    # an argument fairseq-train refuses: its parser's own message
+    proc = snakemake(work, study(train__flags=["--no-such-flag"]), "-n")
+    assert proc.returncode != 0 and "fairseq-train would refuse its arguments" in proc.stdout + proc.stderr
