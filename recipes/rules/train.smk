@@ -80,6 +80,7 @@ rule train:
         mpi="srun" if NODES > 1 else None,
         tasks_per_gpu=0 if GPU else None,
         gres=f"gpu:{STUDY.train['gpus_per_node']}" if GPU else None,
+        slurm_extra="--ntasks-per-node=1" if NODES > 1 else None,
     shell:
         "OMP_NUM_THREADS={threads} {PY} {RECIPE_PY}/train_job.py --record {output} --checkpoints {params.root} "
         "--config-id {params.config_id} --code {params.code} --software {params.software:q} --data {input.data} "
