@@ -131,34 +131,3 @@ def test_a_large_archive_reports_its_hashing_on_stderr_and_stdout_is_the_key_alo
     wmt_data.main(["fingerprint", "--sources", str(sources), "--raw-dir", str(tmp_path / "raw"),
                    "--cache", str(tmp_path / "cache.json")])
     assert capsys.readouterr().err == ""  # kept: nothing hashed, nothing said
-
-
-def test_an_extraction_keyed_by_the_old_size_and_date_fingerprint_is_kept_once_upgraded(tmp_path, capsys):
-    """A corpus prepared before the key changed: its extract marker holds the size-and-mtime
-    fingerprint. With the same archives (sizes and dates unchanged) the marker gets the content key,
-    its stamp kept, and steps.py finds the step done; other archives leave it alone (redone)."""
-    from fairseq_posenc.recipe import steps
-
-    _archive_set(tmp_path / "raw")
-    done = str(tmp_path / "data" / ".done")
-    legacy = wmt_data.legacy_fingerprint(ARCHIVES, str(tmp_path / "raw"))
-    steps.mark_done(done, "extract", "", {"pair": "en-de", "archives": legacy})
-    stamp = steps.read_marker(done, "extract")["stamp"]
-    sources = tmp_path / "sources"
-    sources.write_text("".join(f"archive {a.file} {a.url} -\n" for a in ARCHIVES))
-    argv = ["fingerprint", "--sources", str(sources), "--raw-dir", str(tmp_path / "raw"),
-            "--upgrade-marker", os.path.join(done, "extract")]
-    wmt_data.main(argv)
-    out, err = capsys.readouterr()
-    key = out.strip()
-    assert key == wmt_data.fingerprint(ARCHIVES, str(tmp_path / "raw")) and "keyed by their content" in err
-    assert steps.stale_reason(done, "extract", "", {"pair": "en-de", "archives": key}) is None
-    assert steps.read_marker(done, "extract")["stamp"] == stamp  # the steps after it stay done
-    wmt_data.main(argv)  # already upgraded: nothing to say
-    assert capsys.readouterr().err == ""
-    # an old marker of other archives (one replaced since, a new date): not upgraded, so redone
-    steps.mark_done(done, "extract", "", {"pair": "en-de", "archives": legacy})
-    os.utime(tmp_path / "raw" / "dev.tgz", ns=(1_000_000_000, 1_000_000_000))
-    wmt_data.main(argv)
-    assert steps.read_marker(done, "extract")["settings"]["archives"] == legacy
-    assert "archives" in steps.stale_reason(done, "extract", "", {"pair": "en-de", "archives": key})

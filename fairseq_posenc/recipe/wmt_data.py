@@ -317,46 +317,6 @@ def _write_digest_cache(cache: str, files: Dict[str, dict]):
               file=sys.stderr)
 
 
-def legacy_fingerprint(archives: List[Archive], raw_dir: str) -> str:
-    """The fingerprint of earlier versions (names, sizes and modification times), recognised
-    once so that an extraction made with it is not redone only because the key changed."""
-    digest = hashlib.md5()
-    for a in archives:
-        path = archive_path(raw_dir, a.file)
-        st = os.stat(path) if os.path.isfile(path) else None
-        digest.update(f"{a.file} {st.st_size if st else -1} {st.st_mtime_ns if st else -1}\n".encode())
-    return digest.hexdigest()[:16]
-
-
-def upgrade_marker(marker: str, archives: List[Archive], raw_dir: str, new: str, key: str = "archives") -> bool:
-    """A step marker (fairseq_posenc/recipe/steps.py's JSON) whose ``key`` setting is the legacy fingerprint of
-    these very archives (same names, sizes and dates: what earlier versions trusted) gets ``new``
-    in its place, its stamp kept, so that neither it nor the steps after it run again. Anything
-    else (no marker, another value, another format) is left as it is. True when upgraded."""
-    try:
-        with open(marker, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-    settings = data.get("settings") if isinstance(data, dict) else None
-    old = settings.get(key) if isinstance(settings, dict) else None
-    if not (isinstance(old, str) and re.fullmatch(r"[0-9a-f]{16}", old)):
-        return False  # none, or already a content key
-    if old != legacy_fingerprint(archives, raw_dir):
-        return False  # other archives, or the same ones with other dates: the step is redone
-    settings[key] = new
-    tmp = f"{marker}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, marker)
-    except OSError:
-        return False
-    print(f"   the archives are now keyed by their content (sha256), no longer by their dates: "
-          f"{os.path.basename(marker)} of the earlier run kept", file=sys.stderr)
-    return True
-
-
 def read_sgm(text: str) -> List[str]:
     """The segments of a WMT SGML file, in order, spaces collapsed (as sacrebleu reads them)."""
     return [re.sub(r"\s+", " ", m.group(1)).strip()
@@ -513,9 +473,6 @@ def main(argv: Optional[List[str]] = None):
     p_print = sub.add_parser("fingerprint", help="print one line that changes when an archive's content changes")
     p_print.add_argument("--cache", default="", help="a JSON file keeping each archive's sha256 between runs "
                                                      "(by path, size, mtime, ctime and inode)")
-    p_print.add_argument("--upgrade-marker", default="", metavar="MARKER",
-                         help="a step marker recording the earlier size-and-date fingerprint of these same "
-                              "archives gets the new one instead (fairseq_posenc/recipe/steps.py's JSON, setting 'archives')")
     p_extract = sub.add_parser("extract", help="write SPLIT.{src,tgt} from the archives' members")
     p_extract.add_argument("--out-dir", required=True)
     for p in (p_fetch, p_extract, p_print):
@@ -533,10 +490,7 @@ def main(argv: Optional[List[str]] = None):
             fetch(archives, args.raw_dir, allow_download=not args.no_download, check=not args.no_verify,
                   mirror=args.mirror, timeout=args.timeout)
         elif args.command == "fingerprint":
-            key = fingerprint(archives, args.raw_dir, args.cache)
-            if args.upgrade_marker:
-                upgrade_marker(args.upgrade_marker, archives, args.raw_dir, key)
-            print(key)
+            print(fingerprint(archives, args.raw_dir, args.cache))
         else:
             counts = extract(corpora, args.raw_dir, args.src, args.tgt, args.out_dir)
             print("| " + ", ".join(f"{k}: {v} pairs" for k, v in counts.items()))
