@@ -33,7 +33,7 @@ def test_demo_writes_the_report_table_json_and_plot(tmp_path):
     assert sinusoidal["bleu"] > 30 and sinusoidal["ratio"] > 0.8 and none["bleu"] < 25
     # measured -50.3 [-65.3, -37.1]
     assert none["vs_baseline"]["significant"] and none["vs_baseline"]["high"] < -10
-    assert "Decoding limit: demo.py's fairseq-generate --max-len-a 1.5 --max-len-b 50, 1024 positions allow 96 " \
+    assert "Decoding limit: the demo's fairseq-generate --max-len-a 1.5 --max-len-b 50, 1024 positions allow 96 " \
            "target tokens for the longest source (31 tokens)" in report["footer"]
     table = open(tmp_path / "results.md").read()
     assert table.startswith("| encoding | parameters | training (s) |")
