@@ -59,9 +59,11 @@ def ode_of(trainer) -> FloaterODE:
 
 
 def batches(trainer, passes=2):
-    """Updates of ``passes`` batches each, from the first epoch, in order."""
+    """Updates of ``passes`` batches each, from the first epoch, longest batches first: every later
+    update of a cycle is then no longer than an earlier one, the order in which a cycle's total
+    modified in place shows (fairseq's unshuffled order, by increasing length, hid it)."""
     epoch = trainer.get_train_iterator(epoch=1, load_dataset=True)
-    return iterators.GroupedIterator(epoch.next_epoch_itr(shuffle=False), passes)
+    return iterators.GroupedIterator(list(epoch.next_epoch_itr(shuffle=False))[::-1], passes)
 
 
 def innermost(optimizer):

@@ -199,13 +199,15 @@ def _hand_to_optimizer(optimizer, params, grads: Optional[List[Tensor]], remaini
 
 
 def _add(total: Optional[Tensor], grad: Tensor) -> Tensor:
-    """``total + grad`` along the first dimension, the shorter zero-extended."""
+    """``total + grad`` along the first dimension, the shorter zero-extended: a new tensor, neither
+    input is modified (an update the trainer skips or retries must leave the cycle's total as it
+    was: :meth:`SolveSchedule.end_update`)."""
     if total is None:
         return grad.clone()
-    if grad.size(0) > total.size(0):
-        total, grad = grad.clone(), total
-    total[: grad.size(0)] += grad
-    return total
+    longer, shorter = (grad, total) if grad.size(0) > total.size(0) else (total, grad)
+    result = longer.clone()
+    result[: shorter.size(0)] += shorter
+    return result
 
 
 def _all_reduce_mean(total: Tensor, trainer) -> Tensor:
