@@ -103,12 +103,16 @@ def _controls(rows: Dict[str, List[str]]) -> Dict[str, str]:
             if label != CONTROL and os.path.basename(os.path.dirname(os.path.normpath(dirs[0]))).startswith(("floater", "rnn"))}
 
 
-def cmd_length(args):
+def _study_rows(args):
+    """(the study's configuration, label -> model directories, label -> the row's spec)."""
     study = json.loads(_read(args.study))
     rows = labelled(args.models)
-    names = _names(rows)
     spec = _spec_names(study)
-    names = {label: spec.get(name, name) for label, name in names.items()}
+    return study, rows, {label: spec.get(name, name) for label, name in _names(rows).items()}
+
+
+def cmd_length(args):
+    study, rows, names = _study_rows(args)
     runs = {label: [parse_generate_output(_read(os.path.join(d, "test.detok.txt"))) for d in dirs]
             for label, dirs in rows.items()}
     texts = [_read(os.path.join(d, "test.log")) for dirs in rows.values() for d in dirs]
@@ -238,11 +242,8 @@ def demo_note(study: dict, rows_specs: List[str]) -> str:
 def cmd_demo(args):
     from fairseq_posenc import bias_bound
 
-    study = json.loads(_read(args.study))
-    rows = labelled(args.models)
+    study, rows, specs = _study_rows(args)
     names = _names(rows)
-    spec = _spec_names(study)
-    specs = {label: spec.get(name, name) for label, name in names.items()}
     runs, table = {}, []
     for label, dirs in rows.items():
         gens, seconds, biases, params = [], [], [], None
