@@ -118,13 +118,17 @@ def ddp_on_cpu():
 
 def short_user_errors():
     """fairseq's CLI lets every exception end the program with its traceback: for a wrong flag
-    or file the one line that matters is the last of ~30. Only :class:`PosencError` is shortened;
-    any other exception keeps its traceback."""
+    or file the one line that matters is the last of ~30. Only :class:`PosencError` is shortened,
+    also where fairseq re-raised it as its own (``Trainer.load_checkpoint`` turns any error of a
+    load into "Cannot load model parameters ... ensure that the architectures match"); any other
+    exception keeps its traceback."""
     previous = sys.excepthook
     if getattr(previous, "shortens_user_errors", False):
         return
 
     def excepthook(kind, value, traceback):
+        if not isinstance(value, PosencError) and isinstance(value.__context__, PosencError):
+            value = value.__context__
         if isinstance(value, PosencError):
             print(f"{os.path.basename(sys.argv[0])}: error: {value}", file=sys.stderr)
         else:

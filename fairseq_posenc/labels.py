@@ -1,20 +1,37 @@
-"""The label a report gives a model: its encoding's name, and in brackets what differs from that
-encoding's published form, e.g. ``alibi (split)``, ``t5 (bias scale 10)``, ``floater (solve
-every 10)``; the plain name where nothing does.
+"""The label a report gives a model: its encoding's name, and in brackets every option that differs
+from that encoding's published form, e.g. ``alibi (split)``, ``shaw (--max-relative-distance 4)``,
+``floater (warm start, solve every 10)``; the plain name where nothing does.
 
-Read from the model itself: each scheme's :meth:`~.positions.base.PositionEncoding.form` (its
-buffers, extra state and the attributes a loaded checkpoint restores), the segment bias, and the
-attention projections' shape for the head size. Never from the command line or the saved
-configuration: a split ALiBi run resumed after the default became symmetric keeps split in its
-``encoder_form`` buffer while its saved configuration says symmetric, and its rows must say split.
+Derived, not written per encoding: the options are the fields of the encoding's ``config`` (and of
+the segment bias's with ``--segment-attention``) and the general position flags
+(:class:`~.models.config.PosencConfig`), each with the value the model was built with
+(``PositionEncoding.options``: a checkpoint's saved configuration, or the command line), except
+where the weights carry their own (``carried_options``: ALiBi's encoder form, the bias scale,
+FLOATER's N, C and warm start, the head size), which a resumed or re-configured run cannot change.
+An option is named where its value differs from the published one (the field's default, or what
+the scheme makes of a default of None: ``published_options``), by its flag (``--rope-theta
+500``) or by the short name its field declares (``metadata["label"]``: ``split``, ``solve every
+10``). A new option is labelled without anyone adding it here; :data:`UNLABELLED` lists the options
+that cannot change the trained model, each with the reason.
 
-    python -m fairseq_posenc.labels CHECKPOINT   # prints the label of a fairseq checkpoint
+    python -m fairseq_posenc.labels CHECKPOINT...   # the label of each fairseq checkpoint
+
+A checkpoint is labelled from its own contents (its saved configuration and weights), without the
+data it was trained on: a label never falls back to a name given on a command line.
 """
+import dataclasses
+import math
 import sys
-from typing import List
+from typing import Dict, List
 
 #: the label of a model whose encoding this module does not know (not a transformer_posenc)
 UNKNOWN = "?"
+
+#: options that are not named in a label, and why
+UNLABELLED = {
+    "position_encoding": "the label's name itself",
+    "floater_adjoint": "the adjoint method computes the same gradient (to rounding) in less memory and more time",
+}
 
 
 def encoding_name(scheme) -> str:
@@ -36,36 +53,75 @@ def _ordered_union(*lists) -> List[str]:
     return seen
 
 
-def _head_size(stack) -> List[str]:
-    """``head size N`` where the attention heads are not embed dim / heads wide (--attention-head-dim),
-    from the projections' shape (what the weights have)."""
+def _same(value, published) -> bool:
+    if isinstance(value, float) or isinstance(published, float):
+        return published is not None and math.isclose(float(value), float(published), rel_tol=1e-9)
+    return value == published
+
+
+def describe(field: dataclasses.Field, value) -> str:
+    """One option as a label names it: its field's short name (``metadata["label"]``, ``{}`` the
+    value), else its flag, ``--name value`` (a switch: ``--name``)."""
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    short = field.metadata.get("label")
+    if short is not None:
+        return short.format(text)
+    flag = "--" + field.name.replace("_", "-")
+    return flag if value is True else f"{flag} {text}"
+
+
+def differing(fields, given: Dict[str, object], published: Dict[str, object], carried: Dict[str, object]) -> List[str]:
+    """The options among ``fields`` whose value (``carried`` over ``given``; None: the published
+    one) differs from the published one (``published``, else the field's default), described."""
+    items = []
+    for f in fields:
+        if f.name.startswith("_") or f.name in UNLABELLED:
+            continue
+        value = carried.get(f.name, given.get(f.name, f.default))
+        if value is None or _same(value, published.get(f.name, f.default)):
+            continue
+        items.append(describe(f, value))
+    return items
+
+
+def scheme_items(scheme) -> List[str]:
+    """What differs from the published form in one position module's own options."""
+    fields = dataclasses.fields(scheme.config) if scheme.config else ()
+    return differing(fields, scheme.options, scheme.published_options(), scheme.carried_options())
+
+
+def _head_size(stack):
+    """The head size where the attention heads are not embed dim / heads wide
+    (--attention-head-dim), from the projections' shape (what the weights have); else None."""
     layers = getattr(stack, "layers", None)
     if not layers:
-        return []
+        return None
     attn = layers[0].self_attn
     width, embed_dim = attn.q_proj.weight.shape
-    if width == embed_dim:
-        return []
-    return [f"head size {width // attn.num_heads}"]
+    return None if width == embed_dim else width // attn.num_heads
+
+
+def stack_items(model, stack) -> List[str]:
+    """What differs from the published form in one stack: its encoding's options, the general
+    position flags (the head size read from the weights) and, in the encoder, the segment bias."""
+    from .models.config import PosencConfig
+
+    segment = getattr(stack, "segment_bias", None)
+    carried = {"attention_head_dim": _head_size(stack), "segment_attention": segment is not None}
+    general = differing(dataclasses.fields(PosencConfig), vars(model.args) if hasattr(model, "args") else {}, {},
+                        carried)
+    return scheme_items(stack.position_encoding) + general + (scheme_items(segment) if segment is not None else [])
 
 
 def model_forms(model) -> List[str]:
-    """What differs from the published form of the model's encoding, each item once: the schemes'
-    forms (one side's alone prefixed with its side where both sides differ, differently), the
-    segment attention and its forms, a head size that is not embed dim / heads."""
-    encoder, decoder = model.encoder, model.decoder
-    enc = list(encoder.position_encoding.form())
-    dec = list(decoder.position_encoding.form())
+    """What differs from the published form of the model's encoding, each item once (one side's
+    alone prefixed with its side where both sides differ, differently)."""
+    enc, dec = stack_items(model, model.encoder), stack_items(model, model.decoder)
     only_enc = [f for f in enc if f not in dec]
     only_dec = [f for f in dec if f not in enc]
     if only_enc and only_dec:  # the two stacks differ in different ways: say which is which
-        forms = [f for f in enc if f in dec] + [f"encoder {f}" for f in only_enc] + [f"decoder {f}" for f in only_dec]
-    else:
-        forms = _ordered_union(enc, dec)
-    segment = getattr(encoder, "segment_bias", None)
-    if segment is not None:
-        forms = _ordered_union(forms, ["segment attention"], segment.form())
-    return _ordered_union(forms, _head_size(encoder), _head_size(decoder))
+        return [f for f in enc if f in dec] + [f"encoder {f}" for f in only_enc] + [f"decoder {f}" for f in only_dec]
+    return _ordered_union(enc, dec)
 
 
 def model_label(model) -> str:
@@ -78,14 +134,59 @@ def model_label(model) -> str:
     return f"{name} ({', '.join(forms)})" if forms else name
 
 
-def checkpoint_label(path: str) -> str:
-    """:func:`model_label` of the model a fairseq checkpoint holds, built and loaded as fairseq
-    loads it (its saved configuration builds the model, then its state is loaded into it)."""
-    import fairseq_posenc  # noqa: F401  (registers the plugin, the torch load allow-list)
-    from fairseq import checkpoint_utils
+class LabelError(ValueError):
+    """A checkpoint whose label cannot be read."""
 
-    models, _ = checkpoint_utils.load_model_ensemble([path])
-    return model_label(models[0])
+
+def _dictionary(size: int):
+    """A fairseq dictionary of ``size`` entries (the model's embedding tables fix its size)."""
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary()
+    while len(dictionary) < size:
+        dictionary.add_symbol(f"<{len(dictionary)}>")
+    return dictionary
+
+
+def checkpoint_model(path: str):
+    """The model a fairseq checkpoint of transformer_posenc holds, built from its saved
+    configuration and loaded with its weights as fairseq would (never refused for a flag,
+    :func:`~.models.config.load_checkpoints_as_saved`), without its data: the dictionaries are
+    stand-ins of the sizes of its embedding tables."""
+    import torch
+
+    import fairseq_posenc  # noqa: F401  (registers the plugin, the torch load allow-list)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from .models.config import as_saved
+    from .models.transformer_posenc import PosencTransformerModel
+
+    state = torch.load(path, map_location="cpu")
+    args = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]
+    arch = getattr(args, "arch", None)
+    if not issubclass(ARCH_MODEL_REGISTRY.get(arch, object), PosencTransformerModel):
+        raise LabelError(f"its model is --arch {arch}, not one of transformer_posenc's architectures")
+    weights = state["model"]
+
+    class Task:
+        source_dictionary = _dictionary(weights["encoder.embed_tokens.weight"].size(0))
+        target_dictionary = _dictionary(weights["decoder.embed_tokens.weight"].size(0))
+
+    with as_saved():
+        model = ARCH_MODEL_REGISTRY[args.arch].build_model(args, Task())
+        model.load_state_dict(weights, strict=True)
+    return model
+
+
+def checkpoint_label(path: str) -> str:
+    """:func:`model_label` of the model a fairseq checkpoint holds (:func:`checkpoint_model`);
+    :class:`LabelError` naming the file where it cannot be read."""
+    try:
+        return model_label(checkpoint_model(path))
+    except LabelError as error:
+        raise LabelError(f"{path}: no label: {error}") from None
+    except Exception as error:  # noqa: BLE001  (any reason, one line naming the file)
+        raise LabelError(f"{path}: no label: {type(error).__name__}: {' '.join(str(error).split())}") from error
 
 
 def main(argv=None):
@@ -97,7 +198,10 @@ def main(argv=None):
     parser.add_argument("checkpoints", nargs="+")
     args = parser.parse_args(argv)
     for path in args.checkpoints:
-        print(checkpoint_label(path))
+        try:
+            print(checkpoint_label(path))
+        except LabelError as error:
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
 
 
 if __name__ == "__main__":

@@ -21,14 +21,18 @@ Two kinds of mutants, for each file in ``TARGETS`` with the tests listed for it 
 - ``NAMED``: mutations that matter here, written out (swap left and right, drop a term of an
   equation, skip a cache check, change a default), each run against its file's tests.
 
-Each mutant runs its file's tests with ``pytest -x`` under a timeout (a timeout counts as
-killed). Prints the kill rate per file and every surviving mutant as a diff, and writes them to
---out/report.json.
+Each mutant runs its file's tests with ``pytest -x`` under a timeout. Only a failing test
+(pytest's exit status 1) kills a mutant; a timeout, cosmic-ray's "incompetent", an interruption,
+an error of pytest's own or no test collected says nothing of the tests: each is counted in a
+column of its own, out of the kill rate. Prints the kill rate per file and every surviving mutant
+as a diff, and writes them to --out/report.json.
 """
 import argparse
 import json
 import os
 import random
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -54,7 +58,7 @@ TARGETS = {
     P + "diet_abs.py": DIET + SCHEMES + ENCODINGS,
     P + "diet_rel.py": DIET + SCHEMES + ENCODINGS,
     P + "floater.py": ["tests/test_floater.py", "tests/test_floater_bounded.py", "tests/test_plot_positions.py"],
-    P + "floater_schedule.py": ["tests/test_floater_schedule.py"],
+    P + "floater_schedule.py": ["tests/test_floater_schedule.py", "tests/test_fp16_overflow.py"],
     P + "floater_solver.py": ["tests/test_floater_solver.py", "tests/test_floater_bounded.py",
                               "tests/test_plot_positions.py"],
     P + "kept.py": ["tests/test_kept_tables.py"],
@@ -70,6 +74,7 @@ TARGETS = {
     "fairseq_posenc/update_hooks.py": ["tests/test_update_hooks.py", "tests/test_kept_tables.py",
                                        "tests/test_floater_schedule.py"],
     "fairseq_posenc/study_report.py": ["tests/test_seed_interval.py", "tests/test_study_report.py"],
+    "fairseq_posenc/labels.py": ["tests/test_labels.py"],
     "fairseq_posenc/recipe/train_config.py": ["tests/test_train_config.py"],
 }
 #: tests that check the build, not the code (the copy has no C++ loops on purpose)
@@ -185,9 +190,36 @@ def check_copy(tree: str, env: dict):
 
 
 def pytest_command(tests, timeout):
+    """The tests' command line; it prints pytest's exit status last (``pytest exit N``), which
+    cosmic-ray does not record (it counts every non-zero status as a kill)."""
     deselect = [a for d in DESELECT if d.split("::")[0] in tests for a in ("--deselect", d)]
-    return (f"timeout {int(timeout)} {sys.executable} -m pytest -x -q -p no:cacheprovider -p no:randomly "
-            f"-o addopts= {' '.join(tests)} {' '.join(deselect)}")
+    pytest = (f"timeout {int(timeout)} {sys.executable} -m pytest -x -q -p no:cacheprovider -p no:randomly "
+              f"-o addopts= {' '.join(tests)} {' '.join(deselect)}")
+    return f"sh -c {shlex.quote(pytest + '; code=$?; echo pytest exit $code; exit $code')}"
+
+
+#: what a test run's exit status says of a mutant: only a test that fails (pytest's status 1)
+#: kills it; a timeout, an interruption, an error of pytest's own or no test collected says nothing
+#: of the tests, and is counted apart, out of the kill rate
+def outcome(status: int) -> str:
+    if status == 0:
+        return "survived"
+    if status == 1:
+        return "killed"
+    return "timeout" if status in (124, 137) else f"exit {status}"
+
+
+def _cosmic_outcome(result) -> str:
+    from cosmic_ray.work_item import TestOutcome
+
+    if result.test_outcome == TestOutcome.SURVIVED:
+        return "survived"
+    if result.test_outcome == TestOutcome.INCOMPETENT:
+        return "incompetent"
+    if (result.output or "").strip() == "timeout":  # cosmic-ray's own timeout
+        return "timeout"
+    found = re.findall(r"^pytest exit (\d+)$", result.output or "", re.M)
+    return outcome(int(found[-1])) if found else "no status"
 
 
 def baseline(tree, env, tests, limit):
@@ -199,7 +231,7 @@ def baseline(tree, env, tests, limit):
 def cosmic_ray_file(tree, env, path, tests, per_file, timeout, seed, out):
     """cosmic-ray over one file: init, keep a sample of the allowed operators' mutants, exec."""
     from cosmic_ray.work_db import WorkDB, use_db
-    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
     tag = path.replace("/", "_")
     config, session = os.path.join(out, f"{tag}.toml"), os.path.join(out, f"{tag}.sqlite")
@@ -214,7 +246,6 @@ def cosmic_ray_file(tree, env, path, tests, per_file, timeout, seed, out):
         os.remove(session)
     cosmic = [os.path.join(os.path.dirname(sys.executable), "cosmic-ray")]
     run(cosmic + ["init", config, session], cwd=tree, env=env)
-    import re
     allowed = re.compile("|".join(f"(?:{o})" for o in OPERATORS))
     with use_db(session, WorkDB.Mode.open) as db:
         items = list(db.pending_work_items)
@@ -233,8 +264,7 @@ def cosmic_ray_file(tree, env, path, tests, per_file, timeout, seed, out):
                 continue
             m = item.mutations[0]
             results.append({"file": path, "mutant": f"{m.operator_name} line {m.start_pos[0]}",
-                            "killed": result.test_outcome != TestOutcome.SURVIVED,
-                            "incompetent": result.test_outcome == TestOutcome.INCOMPETENT, "diff": result.diff or ""})
+                            "outcome": _cosmic_outcome(result), "diff": result.diff or ""})
     return results
 
 
@@ -242,13 +272,26 @@ def named_mutant(tree, env, path, what, old, new, tests, timeout):
     source_path = os.path.join(tree, path)
     source = open(source_path).read()
     if old not in source:
-        return {"file": path, "mutant": what, "killed": None, "diff": f"(not applied: {old!r} is not in {path})"}
+        return {"file": path, "mutant": what, "outcome": None, "diff": f"(not applied: {old!r} is not in {path})"}
     open(source_path, "w").write(source.replace(old, new))
     try:
         result = subprocess.run(pytest_command(tests, timeout), shell=True, cwd=tree, env=env, capture_output=True)
     finally:
         open(source_path, "w").write(source)
-    return {"file": path, "mutant": what, "killed": result.returncode != 0, "diff": f"- {old.strip()}\n+ {new.strip()}"}
+    return {"file": path, "mutant": what, "outcome": outcome(result.returncode),
+            "diff": f"- {old.strip()}\n+ {new.strip()}"}
+
+
+def _counts(results) -> dict:
+    counts = {}
+    for r in results:
+        name = r["outcome"] or "not applied"
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _tally(results) -> str:
+    return ", ".join(f"{n} {name}" for name, n in _counts(results).items())
 
 
 def main(argv=None):
@@ -281,7 +324,7 @@ def main(argv=None):
     print(f"| the unmutated tests ({len(every)} files): {'pass' if code == 0 else 'FAIL'} in {took:.0f} s", flush=True)
     if code != 0:
         sys.exit(f"the tests fail without a mutation; fix that first:\n{tail}")
-    timeout = max(120, took)  # every file's tests together, unmutated: a timeout counts as killed
+    timeout = max(120, took)  # every file's tests together, unmutated: a mutant past it is a timeout, not a kill
     for path, tests in targets.items():
         start = time.time()
         if not os.path.exists(os.path.join(tree, path)):
@@ -292,24 +335,23 @@ def main(argv=None):
                       for file, what, old, new in NAMED if file == path]
         results += found
         times[path] = time.time() - start
-        ran = [r for r in found if r["killed"] is not None]
-        print(f"| {path}: {sum(r['killed'] for r in ran)}/{len(ran)} killed ({times[path]:.0f} s)", flush=True)
-    print(f"\n{'file':45} {'killed':>8} {'mutants':>8} {'rate':>6}")
-    for path in targets:
-        ran = [r for r in results if r["file"] == path and r["killed"] is not None]
-        if ran:
-            killed = sum(r["killed"] for r in ran)
-            print(f"{path:45} {killed:8} {len(ran):8} {killed / len(ran):6.0%}")
-    ran = [r for r in results if r["killed"] is not None]
-    print(f"{'all':45} {sum(r['killed'] for r in ran):8} {len(ran):8} "
-          f"{sum(r['killed'] for r in ran) / max(1, len(ran)):6.0%}   ({time.time() - started:.0f} s)")
-    print("\nsurvivors:")
+        print(f"| {path}: {_tally(found)} ({times[path]:.0f} s)", flush=True)
+    print(f"\n{'file':45} {'killed':>7} {'survived':>8} {'rate':>5}  {'other (out of the rate)'}")
+    for path in [*targets, None]:
+        mine = [r for r in results if path is None or r["file"] == path]
+        if mine:
+            counts = _counts(mine)
+            other = ", ".join(f"{n} {name}" for name, n in counts.items() if name not in ("killed", "survived"))
+            decided = counts.get("killed", 0) + counts.get("survived", 0)
+            rate = f"{counts.get('killed', 0) / decided:5.0%}" if decided else "    -"
+            print(f"{path or 'all':45} {counts.get('killed', 0):7} {counts.get('survived', 0):8} {rate}  {other}")
+    print(f"({time.time() - started:.0f} s)\nsurvivors:")
     for r in results:
-        if r["killed"] is False:
+        if r["outcome"] == "survived":
             print(f"- {r['file']}: {r['mutant']}\n{r['diff'].strip()}\n")
     for r in results:
-        if r["killed"] is None:
-            print(f"- not run: {r['file']}: {r['mutant']}: {r['diff'].strip()[:300]}")
+        if r["outcome"] not in ("killed", "survived"):
+            print(f"- {r['outcome'] or 'not run'}: {r['file']}: {r['mutant']}: {r['diff'].strip()[:300]}")
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump({"rev": args.rev, "tests_from": args.tests_from, "per_file": args.per_file, "seed": args.seed,
                    "results": results, "seconds": times}, f, indent=1)

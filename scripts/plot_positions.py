@@ -431,7 +431,9 @@ def main(argv=None):
     if not hasattr(model.encoder, "position_encoding"):
         fail(f"{args.path} is not a transformer_posenc model (arch {cfg.model.arch})")
     max_len = args.max_len or default_length(model)
-    encoding = cfg.model.position_encoding
+    from fairseq_posenc.labels import model_label
+
+    encoding = model_label(model)  # the trained model's form (alibi (split)), not only its encoding's name
     arrays = position_arrays(model, max_len)
     panels = plot(arrays, args.out, f"{encoding}: {os.path.basename(args.path)}, positions 0-{max_len - 1}")
     if not arrays:

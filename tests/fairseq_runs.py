@@ -61,6 +61,18 @@ def run_all(jobs: Sequence[Tuple[str, str, List[str]]], workdir: str) -> Dict[st
         return json.load(f)
 
 
+def preprocess_here(prefixes: Dict[str, str], dest: str) -> str:
+    """fairseq-preprocess of a toy corpus's train, valid and test ``prefixes`` (src-tgt, one joined
+    dictionary) in this process, where fairseq is imported already: no process to start."""
+    import fairseq_cli.preprocess
+    from fairseq import options
+
+    fairseq_cli.preprocess.main(options.get_preprocessing_parser().parse_args([
+        "--source-lang", "src", "--target-lang", "tgt", "--trainpref", prefixes["train"], "--validpref",
+        prefixes["valid"], "--testpref", prefixes["test"], "--destdir", dest, "--joined-dictionary", "--workers", "1"]))
+    return dest
+
+
 def outcome(results: Dict[str, dict], name: str) -> dict:
     """The result of run ``name``; fails the test with its traceback where it failed."""
     import pytest

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fairseq_posenc.labels import model_label
 from fairseq_posenc.modules import PositionalAttention
 from fairseq_posenc.positions import AttentionPositions
 from fairseq_posenc.positions.alibi import ENCODER_FORMS, ALiBi, alibi_bias, alibi_slopes
@@ -51,7 +52,7 @@ def test_each_forms_bias_by_hand():
 def test_the_default_is_the_published_symmetric_form_the_bias_minus_slope_times_distance():
     """MosaicBERT, JinaBERT-v2, data2vec 2.0 and x-transformers: -m_h |i - j| in every head."""
     model = build_model("transformer_posenc", "--position-encoding", "alibi")
-    assert form_of(model) == "symmetric" and model.encoder.position_encoding.form() == []
+    assert form_of(model) == "symmetric" and model_label(model) == "alibi"
     assert model.state_dict()[FORM_KEY].item() == ENCODER_FORMS.index("symmetric")
     scheme = model.encoder.position_encoding
     scheme.begin_forward(torch.zeros(1, 7, dtype=torch.long))
@@ -75,7 +76,7 @@ def test_crossed_with_one_head_is_symmetric_and_refused_in_one_line():
     # two heads and more are not symmetric: the form is the model's label
     model = build_model("transformer_posenc", "--position-encoding", "alibi", "--alibi-encoder", "crossed",
                         "--encoder-attention-heads", "2")
-    assert model.encoder.position_encoding.form() == ["crossed"]
+    assert model_label(model) == "alibi (crossed)"
     # six heads, not a power of two: the slope list 2^-2, 2^-4, 2^-6, 2^-8, 2^-1, 2^-3 reversed as
     # it is (docs/encodings.md): head 0 has 2^-2 on the left and 2^-3 on the right, head 1 2^-4 and 2^-1
     bias = alibi_bias(alibi_slopes(6), torch.tensor([-1, 1]), "crossed")

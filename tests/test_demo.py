@@ -55,10 +55,11 @@ def test_demo_writes_the_report_table_json_and_plot(tmp_path):
 
 
 # the demo's FLOATER (--floater-step 0.1, its OVERRIDES) and the same with its flow model solved
-# every 10 updates: each row labelled from its trained model (warm-started, C defaults to 1, not
-# to the min(N, 10) of a FLOATER from scratch: the label says so)
-FLOATER = "floater (step 0.1)"
-FLOATER_N10 = "floater (solve every 10, lr scale 1, step 0.1)"
+# every 10 updates: each row labelled from its trained model (warm-started, which the weights
+# record; C defaults to 1 there, the published C of a warm start, not the min(N, 10) of a FLOATER
+# from scratch)
+FLOATER = "floater (warm start, step 0.1)"
+FLOATER_N10 = "floater (warm start, solve every 10, step 0.1)"
 
 
 def test_warm_start_trains_floater_rows_and_one_control_from_sinusoidals_best_checkpoint(tmp_path):
@@ -157,3 +158,9 @@ def test_row_specs_add_flags_name_a_directory_and_a_label():
     assert [workflow.preflight_label(r.encoding, demo_flags.get(r.encoding, []) + r.flags) for r in rows] == [
         "alibi", "alibi (split)", "t5 (bias scale 10)", "floater (solve every 10, lr scale 1, step 0.1)",
         "t5 (segment attention)"]
+    # warm-started (warm_start.enabled): FLOATER rows are built warm-started, as they train: N = 10
+    # takes C = 1 there, so that a row asking for C = 10 is another model (issue 38)
+    assert [workflow.preflight_label(row.encoding, demo_flags.get(row.encoding, []) + row.flags, warm_start=True)
+            for row in workflow.parse_rows(["floater:--floater-solve-every=10",
+                                            "floater:--floater-solve-every=10,--floater-lr-scale=10"])] == [
+        "floater (warm start, solve every 10, step 0.1)", "floater (warm start, solve every 10, lr scale 10, step 0.1)"]

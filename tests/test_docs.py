@@ -8,7 +8,8 @@ fairseq's own parser with the plugin registered, extended for the command's --ar
 --criterion, --optimizer and --lr-scheduler as fairseq-train extends it; the plugin's scripts
 and torchrun against their --help; the recipes' entry points (recipes/*/run.sh) for their study
 files, Snakemake's own options (its --help) and --config keys (recipes/conf/schema.yaml), with no
-variable of their own; make targets and variables against the Makefile.
+variable of their own; make targets and variables against the Makefile; pytest's test files
+against the tests/ folder and its flags against its --help.
 Launchers and shell built-ins that run another command (srun, cd, export, ...) are skipped by name.
 """
 import functools
@@ -195,6 +196,14 @@ def make_unknown(variables, tokens):
     return unknown
 
 
+def pytest_unknown(tokens):
+    """The test files a pytest command names that do not exist, and flags pytest does not know."""
+    missing = [f"{t} (no such test file)" for t in tokens[1:]
+               if re.match(r"^tests(/|$)", t) and not os.path.exists(os.path.join(REPO, t.split("::")[0]))]
+    known = _help_flags(os.path.join(os.path.dirname(sys.executable), "pytest"))
+    return missing + [f for f in _flags(tokens[1:]) if f not in known]
+
+
 def unknown_in(tokens):
     """The flags and variables of one command that its program does not know ([] if none)."""
     variables = []
@@ -220,6 +229,8 @@ def unknown_in(tokens):
         return recipe_unknown(variables, tokens[1:])
     if program == "make":
         return make_unknown(variables, tokens)
+    if program == "pytest":
+        return pytest_unknown(tokens)
     if program == "torchrun":
         end = next((i for i, t in enumerate(tokens) if "fairseq-" in t), len(tokens))
         torchrun = _help_flags(os.path.join(os.path.dirname(sys.executable), "torchrun"))
@@ -262,5 +273,8 @@ def test_the_check_finds_a_misspelt_flag_and_variable():
     assert unknown_in(["do", "ARHC=base", "bash", "recipes/wmt14_en_de/run.sh"]) == ["ARHC"]
     assert unknown_in(["export", "OMP_NUM_THREADS=2", "ARHC=base"]) == ["ARHC"]
     assert unknown_in(["srun", "bash", "recipes/wmt14_en_de/run.sh", "--dry-rnu"]) == ["--dry-rnu"]
+    assert unknown_in(["OMP_NUM_THREADS=1", ".venv/bin/pytest", "tests/test_doc.py", "-x", "--durations", "5",
+                       "--dist", "loadfile", "--maxfail=1", "--no-capture"]) == [
+        "tests/test_doc.py (no such test file)", "--no-capture"]
     assert unknown_in(["torchrun", "--nnodes", "2", "--nproc-per-gpu", "8", "fairseq-train", "x"]) == [
         "--nproc-per-gpu"]

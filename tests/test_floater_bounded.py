@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from fairseq_posenc.compat import PosencError
+from fairseq_posenc.labels import scheme_items
 from fairseq_posenc.positions import floater_schedule
-from fairseq_posenc.positions.floater import FloaterODE
+from fairseq_posenc.positions.floater import FloaterODE, stability_limit
+from fairseq_posenc.positions.floater_solver import rk4
 from tolerances import assert_within, float32_tolerance, magnitude
 from toy import build_model, full_log_probs, toy_batch
 
@@ -134,32 +136,75 @@ def test_a_negative_dissipation_is_refused_in_one_line():
         build_model("transformer_posenc", "--position-encoding", "rnn", "--floater-dissipation", "1.0")
 
 
-def test_form_labels_what_differs_from_the_paper():
-    assert floater().encoder.position_encoding.form() == []
-    assert floater("--floater-solve-every", "10").encoder.position_encoding.form() == ["solve every 10"]  # C = N
-    assert floater("--floater-solve-every", "10", "--floater-lr-scale", "1").decoder.position_encoding.form() == [
+def _items(model, side="encoder"):
+    return scheme_items(getattr(model, side).position_encoding)
+
+
+def test_the_stability_limits_are_the_runge_kutta_methods_intervals():
+    # |R(z)| <= 1 on z in [-x, 0], R the truncated exponential: the textbook intervals
+    assert [round(stability_limit(order), 4) for order in (1, 2, 3, 4)] == [2.0, 2.0, 2.5127, 2.7853]
+
+
+def test_a_dissipation_past_the_solvers_stability_limit_is_refused_in_one_line():
+    """LAMBDA 50 at step 0.1 ended in fairseq's NaN detector, LAMBDA 30 gave |p| = 3.5e27 where the
+    help promises max(|p(0)|, 1 / LAMBDA): rk4 amplifies -LAMBDA p once LAMBDA x step > 2.785."""
+    with pytest.raises(PosencError) as refused:
+        floater("--floater-step", "0.1", "--floater-dissipation", "30")
+    assert str(refused.value) == (
+        "--floater-dissipation 30: with --floater-step 0.1 (rk4) LAMBDA x step = 3 is past rk4's stability limit "
+        "2.785, where the solve grows without bound instead of decaying; the largest stable LAMBDA for this step is "
+        "27.85 (or take a smaller --floater-step)")
+    with pytest.raises(PosencError, match=r"\(euler\) LAMBDA x step = 2.2 is past euler's stability limit 2.000"):
+        floater("--floater-solver", "euler", "--floater-step", "0.1", "--floater-dissipation", "22")
+    # just inside the limit it builds; with h = 0 the solve is p(0) R(-LAMBDA step)^k, which decays
+    # there and grows past it (the solver itself, which the refusal keeps from such a LAMBDA)
+    ode = floater("--floater-step", "0.1", "--floater-dissipation", "27.8").encoder.position_encoding.ode
+    with torch.no_grad():
+        ode.reset_to_vanilla()
+        ode.dynamics.fc1.bias.zero_()
+        field, p0 = ode.dynamics.float32(), torch.ones(2, 32)
+        times = torch.arange(60, dtype=torch.float32) * ode.dt  # 59 steps of 0.1
+        inside = rk4(field.weights, p0, times, 0.1, 27.8)
+        past = rk4(field.weights, p0, times, 0.1, 30.0)
+    assert inside.abs().max() == 1 and inside[-1].abs().max() < 0.7  # R(-2.78) = 0.992: 0.62 after 59 steps
+    assert past[-1].abs().min() > 1e6  # R(-3) = 1.375: 1.4e8 after 59 steps
+    # adaptive solvers choose their own steps: no limit
+    floater("--floater-solver", "dopri5", "--floater-dissipation", "300")
+
+
+def test_a_step_with_an_adaptive_solver_is_refused_in_one_line():
+    with pytest.raises(PosencError) as refused:
+        floater("--floater-solver", "dopri5", "--floater-step", "0.1")
+    assert str(refused.value) == (
+        "--floater-step 0.1 would change nothing: --floater-solver dopri5 is adaptive (it chooses its own steps); "
+        "the step is for the fixed-step solvers, euler, midpoint, heun2, heun3, rk4, explicit_adams, implicit_adams")
+
+
+def test_the_label_names_what_differs_from_the_paper():
+    assert _items(floater()) == []
+    assert _items(floater("--floater-solve-every", "10")) == ["solve every 10"]  # C = N
+    assert _items(floater("--floater-solve-every", "10", "--floater-lr-scale", "1"), "decoder") == [
         "solve every 10", "lr scale 1"]
-    assert floater("--floater-lr-scale", "3").encoder.position_encoding.form() == ["lr scale 3"]
-    assert floater("--floater-step", "0.1", "--floater-dissipation", "1.0").encoder.position_encoding.form() == [
-        "step 0.1", "dissipation 1"]
-    assert floater("--floater-solver", "dopri5", "--floater-cross-attention").encoder.position_encoding.form() == [
+    assert _items(floater("--floater-lr-scale", "3")) == ["lr scale 3"]
+    assert _items(floater("--floater-step", "0.1", "--floater-dissipation", "1.0")) == ["step 0.1", "dissipation 1"]
+    assert _items(floater("--floater-solver", "dopri5", "--floater-cross-attention")) == [
         "solver dopri5", "cross-attention"]
-    assert build_model("transformer_posenc", "--position-encoding", "rnn").encoder.position_encoding.form() == []
+    assert _items(build_model("transformer_posenc", "--position-encoding", "rnn")) == []
 
 
-def test_form_reads_n_and_c_from_the_checkpoint_not_the_flags():
+def test_the_label_reads_n_and_c_from_the_checkpoint_not_the_flags():
     """A model rebuilt with other flags (a decode with --model-overrides, a study) labels the weights
     by the N and C they were trained with, stored with them; once it trains, by its own."""
     trained = floater("--floater-solve-every", "10", "--floater-lr-scale", "1")
     state = trained.state_dict()
-    assert float(state["encoder.position_encoding.ode._extra_state"]) == 10.0
+    assert state["encoder.position_encoding.ode._extra_state"].tolist() == [10.0, 0.0]  # N, not warm-started
     decoding = floater(seed=2)
     decoding.load_state_dict(state)
-    assert decoding.encoder.position_encoding.form() == ["solve every 10", "lr scale 1"]
+    assert _items(decoding) == ["solve every 10", "lr scale 1"]
     decoding.encoder.position_encoding.ode.begin_update(1)  # it trains on at N = 1, C = 1
-    assert decoding.encoder.position_encoding.form() == []
+    assert _items(decoding) == []
     # saved before N was stored: the model's own N
     legacy = {k: v for k, v in floater().state_dict().items() if not k.endswith("ode._extra_state")}
     other = floater("--floater-solve-every", "4", seed=3)
     other.load_state_dict(legacy)
-    assert other.encoder.position_encoding.form() == ["solve every 4", "lr scale 1"]
+    assert _items(other) == ["solve every 4", "lr scale 1"]

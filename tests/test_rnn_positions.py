@@ -6,13 +6,12 @@ import math
 import os
 
 import pytest
-import fairseq_cli.preprocess
 import torch
-from fairseq import options
 from fairseq.data import Dictionary
 
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.positions.rnn import RNNPositions
+from fairseq_runs import preprocess_here
 from forward_terms import biases_in_a_forward, floater_state, solved_positions
 from tolerances import assert_within, float32_tolerance, float64_tolerance, magnitude
 from toy import TINY, build_model, full_log_probs, incremental_log_probs, toy_batch, toy_dictionary, with_strong_positions
@@ -215,10 +214,7 @@ def test_warm_start_is_exactly_the_vanilla_model_and_then_learns_every_weight(tm
 def test_a_warm_started_two_layer_vector_rnn_trains_and_decodes_through_fairseqs_cli(tmp_path):
     prefixes = toy_data.write_toy_corpus(str(tmp_path / "raw"), {"train": (300, 3, 10), "valid": (20, 3, 10),
                                                                  "test": (20, 3, 14)})
-    data_bin = str(tmp_path / "bin")  # fairseq-preprocess in this process: fairseq is imported already
-    fairseq_cli.preprocess.main(options.get_preprocessing_parser().parse_args([
-        "--source-lang", "src", "--target-lang", "tgt", "--trainpref", prefixes["train"], "--validpref",
-        prefixes["valid"], "--testpref", prefixes["test"], "--destdir", data_bin, "--joined-dictionary", "--workers", "1"]))
+    data_bin = preprocess_here(prefixes, str(tmp_path / "bin"))
     dictionary = Dictionary.load(os.path.join(data_bin, "dict.src.txt"))
 
     class Task:

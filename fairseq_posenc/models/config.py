@@ -9,6 +9,7 @@ only where the encoding drops fairseq's input embedding), the fields of its enco
 and with ``--segment-attention`` the fields of the segment bias's ``config``. A new encoding's
 flags are refused with every other encoding as soon as its ``config`` declares them.
 """
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -40,13 +41,14 @@ class PosencConfig(FairseqDataclass):
     attention_head_dim: Optional[int] = field(
         default=None,
         metadata={
+            "label": "head size {}",
             "help": "size of each attention head, independent of embed dim / heads "
             "(Bhojanapalli et al., 2020); logits scaled by 1/sqrt(N). Default: embed dim / heads"
         },
     )
     segment_attention: bool = field(
         default=False,
-        metadata={"help": "DIET segment attention in the encoder: a learned scalar per "
+        metadata={"label": "segment attention", "help": "DIET segment attention in the encoder: a learned scalar per "
                   "(query segment, key segment) pair per head, on top of the position encoding"},
     )
 
@@ -113,6 +115,23 @@ def _takers(name: str) -> str:
 _FROM_CHECKPOINT = contextvars.ContextVar("posenc_from_checkpoint", default=False)
 
 
+def building_from_checkpoint() -> bool:
+    """Whether the model being built or loaded now is rebuilt from a checkpoint's saved
+    configuration (:func:`load_checkpoints_as_saved`), not a training run's command line."""
+    return _FROM_CHECKPOINT.get()
+
+
+@contextlib.contextmanager
+def as_saved():
+    """Within: models are built and loaded as from a checkpoint's saved configuration, as fairseq's
+    loaders do (:func:`load_checkpoints_as_saved`): never refused for a flag."""
+    token = _FROM_CHECKPOINT.set(True)
+    try:
+        yield
+    finally:
+        _FROM_CHECKPOINT.reset(token)
+
+
 def load_checkpoints_as_saved():
     """A checkpoint's saved configuration is rebuilt, never refused: it was accepted when it was
     trained, or it predates a change of default (ALiBi's encoder form was ``split``, so every
@@ -126,15 +145,12 @@ def load_checkpoints_as_saved():
         return
 
     @functools.wraps(load)
-    def as_saved(*args, **kwargs):
-        token = _FROM_CHECKPOINT.set(True)
-        try:
+    def load_as_saved(*args, **kwargs):
+        with as_saved():
             return load(*args, **kwargs)
-        finally:
-            _FROM_CHECKPOINT.reset(token)
 
-    as_saved.posenc_as_saved = True
-    checkpoint_utils.load_model_ensemble_and_task = as_saved
+    load_as_saved.posenc_as_saved = True
+    checkpoint_utils.load_model_ensemble_and_task = load_as_saved
 
 
 def refuse_unused_flags(args):

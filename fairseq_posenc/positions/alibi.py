@@ -68,7 +68,8 @@ LEGACY_ENCODER_FORM = "symmetric"
 class ALiBiConfig:
     alibi_encoder: str = field(
         default=DEFAULT_ENCODER_FORM,
-        metadata={"help": "alibi: the encoder's bias, one of " + ", ".join(ENCODER_FORMS) + ". symmetric "
+        metadata={"label": "{}",
+                  "help": "alibi: the encoder's bias, one of " + ", ".join(ENCODER_FORMS) + ". symmetric "
                   "(default, the published form: MosaicBERT, JinaBERT-v2, data2vec 2.0, x-transformers): "
                   "-m|i-j| in every head, equivariant to reversing the sentence; split: even heads see only "
                   "keys j <= i, odd heads only j >= i (an odd last head sees the left; at least 2 heads); "
@@ -141,15 +142,14 @@ class ALiBi(PositionEncoding):
             # an integer: averaging checkpoints and model.half() leave it as it is
             self.register_buffer("encoder_form", torch.tensor(ENCODER_FORMS.index(self.bias_form)))
 
-    def form(self) -> list:
-        """The encoder's form where it is not the published symmetric one, read from the form the
-        weights carry (the ``encoder_form`` buffer once loaded), not from the flag; crossed with
-        one head computes the symmetric bias (only a checkpoint from before its refusal has it)."""
-        if self.side != "encoder" or self.bias_form == "symmetric":
-            return []
-        if self.bias_form == "crossed" and self.num_heads < 2:
-            return []
-        return [self.bias_form]
+    def carried_options(self) -> dict:
+        """The encoder's form as the weights carry it (the ``encoder_form`` buffer once loaded), not
+        the flag's; crossed with one head computes the symmetric bias (only a checkpoint from before
+        its refusal has it). The decoder is causal: the flag does not apply, its form is the published one."""
+        form = self.bias_form if self.side == "encoder" else DEFAULT_ENCODER_FORM
+        if form == "crossed" and self.num_heads < 2:
+            form = "symmetric"
+        return {**super().carried_options(), "alibi_encoder": form}
 
     def _check_form(self, form: str) -> str:
         if form not in ENCODER_FORMS:

@@ -18,6 +18,7 @@ for all layers that share them (``shared``), and kept across forwards while no g
 recorded and neither the parameters nor the module's settings, device or dtype have changed
 (``table``; :mod:`.kept` says how that is decided), which is what decoding needs.
 """
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
@@ -41,7 +42,8 @@ class PositionBlocksConfig:
 
     position_blocks: Optional[ChoiceEnum(list(POSITION_BLOCKS))] = field(
         default=None,
-        metadata={"help": "sinusoidal, learned, floater, rnn: the position encoder at the first block of each "
+        metadata={"label": "blocks {}",
+                  "help": "sinusoidal, learned, floater, rnn: the position encoder at the first block of each "
                   "stack only (input: p^(n) = 0 for n >= 2) or at every block (all: FLOATER's Table 2; "
                   "sinusoidal adds its Eq. 7, learned one table per block). Default: the encoding's own, "
                   "input for sinusoidal and learned, all for floater and rnn"},
@@ -126,23 +128,33 @@ class PositionEncoding(ForgetsKeptOnCopy, nn.Module):
         self._forget_kept()
         # where the module lives, for the key of its kept tables (a scheme may have no parameters)
         self.register_buffer("_placement", torch.zeros(()), persistent=False)
+        #: the value of each of the scheme's options (its ``config``'s fields) it was built with, as
+        #: given (None: left to the scheme, :meth:`published_options`); the label of a report is
+        #: derived from them (:mod:`fairseq_posenc.labels`)
+        self.options = {f.name: getattr(cfg, f.name, f.default)
+                        for f in (dataclasses.fields(self.config) if self.config else ())}
         blocks = getattr(cfg, "position_blocks", None)
         if blocks is not None and blocks not in POSITION_BLOCKS:
             raise PosencError(f"--position-blocks must be one of {', '.join(POSITION_BLOCKS)}, got {blocks!r}")
         #: "input" or "all" (see ``default_blocks``)
         self.position_blocks = blocks or self.default_blocks
 
-    def form(self) -> list:
-        """Short descriptions of this scheme's settings that differ from the encoding's published
-        form (e.g. ``["split"]``, ``["bias scale 10"]``), for the label a report gives the model
-        (:func:`fairseq_posenc.labels.model_label`). Read from the module's own state (buffers,
-        extra state, attributes a loaded checkpoint restores), never from the flags or the saved
-        configuration, which a resumed or re-configured run may have changed. Here: where the
-        position encoder acts, when not the encoding's own default (``blocks all``): how the
-        module was built, which a checkpoint's parameters must fit (learned: one table per block)."""
-        if self.default_blocks is not None and self.position_blocks != self.default_blocks:
-            return [f"blocks {self.position_blocks}"]
-        return []
+    def published_options(self) -> Dict[str, object]:
+        """The published value of each option whose default (None) the scheme resolves itself, as
+        it resolves it (Shaw's ``max_relative_distance`` 16, DIET-ABS's ``diet_rank`` the head size).
+        Options absent here are published at their field's default."""
+        return {"position_blocks": self.default_blocks} if "position_blocks" in self.options else {}
+
+    def option(self, name: str):
+        """Option ``name`` as the scheme uses it: as given, or its published value."""
+        value = self.options[name]
+        return self.published_options()[name] if value is None else value
+
+    def carried_options(self) -> Dict[str, object]:
+        """Option values the loaded weights carry (buffers, extra state), which the label takes over
+        the configuration: a run resumed or a checkpoint rebuilt with other flags keeps what its
+        weights were trained with (ALiBi's encoder form, the bias scale, FLOATER's N and C)."""
+        return {}
 
     # hooks; the defaults do nothing
     @classmethod

@@ -37,6 +37,7 @@ class BiasScaleConfig:
     position_bias_scale: float = field(
         default=1.0,
         metadata={
+            "label": "bias scale {}",
             "help": "S > 0: learn the learned attention-logit biases S times faster under Adam, as "
             "bias = S * w with w initialised at init / S (the model at step 0 is unchanged). t5: its "
             "per-bucket biases; diet_rel: its per-offset biases; diet_abs: P_Q and P_K each, so the "
@@ -65,13 +66,12 @@ class ScaledBiases:
     scaled_parameters: Tuple[str, ...] = ()
     bias_scale: float
 
-    def form(self) -> list:
-        """S where it is not the papers' 1: the S the loaded weights were trained with (their
-        ``_extra_state``; a load into a model of another S rescales them, and the model computes the
-        same biases, but they learned at the stored S), else the S this module was built with."""
+    def carried_options(self) -> dict:
+        """S as the loaded weights were trained with it (their ``_extra_state``; a load into a model
+        of another S rescales them, and the model computes the same biases, but they learned at the
+        stored S), else the S this module was built with."""
         trained = getattr(self, "trained_bias_scale", self.bias_scale)
-        scale = [] if math.isclose(trained, 1.0, rel_tol=1e-9) else [f"bias scale {trained:g}"]
-        return super().form() + scale
+        return {**super().carried_options(), "position_bias_scale": trained}
 
     def get_extra_state(self):
         # a float64 tensor, not a buffer: model.half() would round a buffer (and S with it)
@@ -83,7 +83,7 @@ class ScaledBiases:
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "_extra_state"
         stored = float(state_dict[key]) if key in state_dict else 1.0
-        #: what the weights learned with, for :meth:`form` (the label of a report)
+        #: what the weights learned with, for :meth:`carried_options` (the label of a report)
         self.trained_bias_scale = stored
         # averaging checkpoints sums S in float64: equal up to its rounding is equal
         if not math.isclose(stored, self.bias_scale, rel_tol=1e-9):

@@ -38,8 +38,8 @@ class DietAbs(ScaledBiases, PositionEncoding):
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
-        self.sharing, groups, heads = resolve_sharing(cfg, "layers", num_layers, num_heads)
-        self.rank = head_dim if cfg.diet_rank is None else cfg.diet_rank
+        self.sharing, groups, heads = resolve_sharing(self.option("position_sharing"), num_layers, num_heads)
+        self.rank = self.option("diet_rank")
         if self.rank <= 0:
             raise ValueError(f"--diet-rank must be positive, got {self.rank}")
         self.bias_scale = bias_scale(cfg)
@@ -48,6 +48,9 @@ class DietAbs(ScaledBiases, PositionEncoding):
         self.p_k = nn.Parameter(torch.empty(groups, self.max_positions, heads, self.rank))
         nn.init.normal_(self.p_q, std=self.rank**-0.5 / self.bias_scale)
         nn.init.normal_(self.p_k, std=0.02 / self.bias_scale)
+
+    def published_options(self):
+        return {**super().published_options(), "diet_rank": self.head_dim, "position_sharing": "layers"}
 
     @staticmethod
     def largest_bias(state, scale: float) -> float:

@@ -32,14 +32,17 @@ class DietRel(ScaledBiases, PositionEncoding):
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
-        self.sharing, groups, heads = resolve_sharing(cfg, "none", num_layers, num_heads)
-        self.max_distance = 128 if cfg.max_relative_distance is None else cfg.max_relative_distance
+        self.sharing, groups, heads = resolve_sharing(self.option("position_sharing"), num_layers, num_heads)
+        self.max_distance = self.option("max_relative_distance")
         if self.max_distance <= 0:
             raise ValueError(f"--max-relative-distance must be positive, got {self.max_distance}")
         self.bias_scale = bias_scale(cfg)
         # (groups, heads, 2K + 1): index K + (i - j)
         self.weight = nn.Parameter(torch.empty(groups, heads, 2 * self.max_distance + 1))
         nn.init.normal_(self.weight, std=0.02 / self.bias_scale)
+
+    def published_options(self):
+        return {**super().published_options(), "max_relative_distance": 128, "position_sharing": "none"}
 
     @staticmethod
     def largest_bias(state, scale: float) -> float:

@@ -39,36 +39,47 @@ FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_ad
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
 
 
+def default_step(dt: float) -> float:
+    """The paper's step of the fixed-step solvers: dt / 5."""
+    return dt / 5
+
+
+#: the order of torchdiffeq's explicit Runge-Kutta methods among the fixed-step solvers: a step of
+#: size s multiplies the solution of dp/dt = -LAMBDA p by R(-LAMBDA s), R(z) = sum_{k <= order} z^k / k!
+RUNGE_KUTTA_ORDERS = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
+
+
+def stability_limit(order: int) -> float:
+    """The largest x with |R(-y)| <= 1 for every y in [0, x] (the stability interval of the
+    explicit Runge-Kutta method of ``order`` stages and order on the negative real axis: 2 for
+    euler and midpoint, 2.51 for heun3, 2.79 for rk4). Past it a step amplifies the decaying mode
+    of --floater-dissipation's -LAMBDA p, and the solution grows without bound."""
+    def unstable(y):
+        return abs(sum((-y) ** k / math.factorial(k) for k in range(order + 1))) > 1
+
+    low = 1e-6
+    while not unstable(low + 1e-3):  # the first crossing, then bisection
+        low += 1e-3
+    high = low + 1e-3
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (low, mid) if unstable(mid) else (mid, high)
+    return low
+
+
 @dataclass
 class FloaterConfig(PositionBlocksConfig):
-    floater_dt: float = field(default=0.1, metadata={"help": "floater: time between two positions"})
-    floater_solver: str = field(
-        default="rk4", metadata={"help": "floater: torchdiffeq method, fixed-step " + ", ".join(FIXED_STEP_SOLVERS)
-                                 + " or adaptive " + ", ".join(ADAPTIVE_SOLVERS)}
-    )
-    floater_step: Optional[float] = field(
-        default=None, metadata={"help": "floater: step of fixed-step solvers (default dt / 5)"}
-    )
-    floater_adjoint: bool = field(
-        default=False, metadata={"help": "floater: backpropagate with the adjoint method (less memory, more time)"}
-    )
-    floater_hidden: Optional[int] = field(
-        default=None, metadata={"help": "floater: hidden size of the dynamics h (default: the attention width)"}
-    )
     floater_init_from: Optional[str] = field(
         default=None,
-        metadata={"help": "floater: warm start from this checkpoint of a sinusoidal transformer_posenc or "
+        metadata={"label": "warm start",
+                  "help": "floater: warm start from this checkpoint of a sinusoidal transformer_posenc or "
                   "fairseq transformer of the same size; h's output layer and the initial states start at "
                   "0 (the vanilla model exactly), h's hidden layer keeps its random initialisation"},
     )
-    floater_cross_attention: bool = field(
-        default=False,
-        metadata={"help": "floater: also bias the keys and values of encoder-decoder attention (the paper, "
-                  "Eq. 12, biases self-attention only)"},
-    )
     floater_solve_every: int = field(
         default=1,
-        metadata={"help": "floater: update the flow model (h and the initial states) every N updates (Sec. 4.4); "
+        metadata={"label": "solve every {}",
+                  "help": "floater: update the flow model (h and the initial states) every N updates (Sec. 4.4); "
                   "in between, training reads the solution kept since its last update and the gradient on it "
                   "accumulates, to be backpropagated through one solve at every N-th update, in which h and the "
                   "initial states get the mean of the N updates' gradients; in the other updates their gradient "
@@ -77,22 +88,47 @@ class FloaterConfig(PositionBlocksConfig):
     )
     floater_lr_scale: Optional[float] = field(
         default=None,
-        metadata={"help": "floater: h's weights and the initial states W are stored as V with W = C V, so that "
+        metadata={"label": "lr scale {}",
+                  "help": "floater: h's weights and the initial states W are stored as V with W = C V, so that "
                   "Adam moves them about C times as far per step (a learning rate C times the rest's; weight "
                   "decay is not scaled). Default, from scratch: C = min(N, 10), N of --floater-solve-every (1 when "
                   "solving every update), which gives the flow model, stepped once per N updates, the reach of N "
                   "steps up to 10 (on the demo, N = 10 with C = 10 trained as N = 1 did, with C = 1 it did not; "
                   "N = 100 with C = 100 diverged, with C = 10 it trained); warm-started (--floater-init-from, the "
                   "paper's protocol): C = 1 (on the demo N = 10 with C = 10 lost 28 BLEU past the training "
-                  "lengths, with C = 1 it was level with N = 1: docs/floater.md). C is saved "
-                  "with the weights: loaded under another C they are rescaled to compute the same"},
+                  "lengths, with C = 1 it was level with N = 1: docs/floater.md). C is saved with the weights: "
+                  "a run that goes on from them keeps it (refused if given another), a decode with another C "
+                  "(--model-overrides) rescales them to compute the same"},
     )
+    floater_solver: str = field(
+        default="rk4", metadata={"label": "solver {}",
+                                 "help": "floater: torchdiffeq method, fixed-step " + ", ".join(FIXED_STEP_SOLVERS)
+                                 + " or adaptive " + ", ".join(ADAPTIVE_SOLVERS)}
+    )
+    floater_step: Optional[float] = field(
+        default=None, metadata={"label": "step {}", "help": "floater: step of the fixed-step solvers (default dt / 5; "
+                                "refused with an adaptive solver, which chooses its own)"}
+    )
+    floater_dt: float = field(default=0.1, metadata={"label": "dt {}", "help": "floater: time between two positions"})
     floater_dissipation: float = field(
         default=0.0,
-        metadata={"help": "floater, not in the paper: LAMBDA > 0 solves dp/dt = -LAMBDA p + tanh(h(t, p)) instead of "
+        metadata={"label": "dissipation {}",
+                  "help": "floater, not in the paper: LAMBDA > 0 solves dp/dt = -LAMBDA p + tanh(h(t, p)) instead of "
                   "dp/dt = h(t, p), so that every coordinate of every bias stays within max(|p(0)|, 1 / LAMBDA) at "
                   "any position, past the training lengths too (h = 0 is still the vanilla model). rk4 runs in "
                   "FLOATER's Python loops, not the C++ ones. 0: the paper's FLOATER. See docs/floater.md"},
+    )
+    floater_cross_attention: bool = field(
+        default=False,
+        metadata={"label": "cross-attention",
+                  "help": "floater: also bias the keys and values of encoder-decoder attention (the paper, "
+                  "Eq. 12, biases self-attention only)"},
+    )
+    floater_hidden: Optional[int] = field(
+        default=None, metadata={"help": "floater: hidden size of the dynamics h (default: the attention width)"}
+    )
+    floater_adjoint: bool = field(
+        default=False, metadata={"help": "floater: backpropagate with the adjoint method (less memory, more time)"}
     )
 
 
@@ -236,12 +272,30 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         if dt <= 0 or (step is not None and step <= 0):
             raise ValueError("--floater-dt and --floater-step must be positive")
         self.dt, self.solver, self.adjoint = dt, solver, adjoint
-        self.step = step if step is not None else dt / 5
+        self.step = step if step is not None else default_step(dt)
+        #: whether the weights were warm-started from a vanilla model (--floater-init-from), saved with
+        #: them (get_extra_state): a run resumed without the flag is still the warm-started model
+        self._warm_started = bool(warm_start)
+        #: whether --floater-lr-scale was given: if not, weights loaded with another C keep theirs
+        #: (:func:`.floater_schedule.rescale_on_load`)
+        self._lr_scale_given = lr_scale is not None
         lr_scale = floater_schedule.lr_scale(solve_every, lr_scale, warm_start)
         floater_schedule.check(solve_every, lr_scale)
         if not (dissipation >= 0 and math.isfinite(dissipation)):
             raise PosencError(f"--floater-dissipation must be a finite number >= 0 (0: the paper's FLOATER), "
                               f"got {dissipation}")
+        if solver in ADAPTIVE_SOLVERS and step is not None:
+            raise PosencError(f"--floater-step {step:g} would change nothing: --floater-solver {solver} is adaptive "
+                              "(it chooses its own steps); the step is for the fixed-step solvers, "
+                              + ", ".join(FIXED_STEP_SOLVERS))
+        if dissipation and solver in RUNGE_KUTTA_ORDERS:
+            limit = stability_limit(RUNGE_KUTTA_ORDERS[solver])
+            if dissipation * self.step > limit:
+                raise PosencError(
+                    f"--floater-dissipation {dissipation:g}: with --floater-step {self.step:g} ({solver}) LAMBDA x step "
+                    f"= {dissipation * self.step:.3g} is past {solver}'s stability limit {limit:.3f}, where the solve "
+                    f"grows without bound instead of decaying; the largest stable LAMBDA for this step is "
+                    f"{limit / self.step:.4g} (or take a smaller --floater-step)")
         self.dynamics = Dynamics(dim, hidden, lr_scale, dissipation)
         # the N it was trained with, saved with the weights (get_extra_state; the flags of a decode may
         # differ): the current N once it trains (begin_update), the checkpoint's once loaded
@@ -449,18 +503,28 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
                 self._set_solution(self._solve(self.initial_state(), 0, max(length, MIN_TABLE)))
 
     def get_extra_state(self):
-        """N of --floater-solve-every that the weights were trained with (a float64 tensor, as the
-        dynamics' C), for the model's label (:meth:`FloaterPositionEncoding.form`): a decode or a
-        study reads it from the checkpoint, whatever flags rebuilt the model."""
-        return torch.tensor(float(self._trained_every), dtype=torch.float64)
+        """(N of --floater-solve-every, 1 if warm-started else 0) as the weights were trained (a
+        float64 tensor, as the dynamics' C: averaging checkpoints keeps equal values), for the
+        model's label (:mod:`fairseq_posenc.labels`) and the lr scale's default: a resume, a decode
+        or a study reads them from the checkpoint, whatever flags rebuilt the model."""
+        return torch.tensor([float(self._trained_every), float(self._warm_started)], dtype=torch.float64)
 
     def set_extra_state(self, state):
-        self._trained_every = int(round(float(state)))
+        values = torch.as_tensor(state, dtype=torch.float64).reshape(-1).tolist()
+        self._trained_every = int(round(values[0]))
+        # N alone: saved before the warm start was stored with the weights, which then keep the
+        # model's own flag
+        if len(values) > 1:
+            self._warm_started = values[1] > 0.5
+
+    def set_lr_scale(self, scale: float):
+        """Use C = ``scale`` with the stored weights as they are (W = C V)."""
+        self.lr_scale = self.dynamics.lr_scale = float(scale)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        if type(self).get_extra_state is FloaterODE.get_extra_state:
-            # saved before N was stored with the weights: this model's own N
-            state_dict.setdefault(prefix + "_extra_state", self.get_extra_state())
+        if prefix + "_extra_state" not in state_dict:
+            # saved before N (and the warm start) were stored with the weights: this model's own
+            state_dict[prefix + "_extra_state"] = self.get_extra_state()
         stored = state_dict.get(prefix + "solution")
         if stored is not None:  # its length is whatever the saver had solved
             self.solution = torch.zeros(stored.shape, dtype=at_least_float32(stored.dtype), device=self.solution.device)
@@ -526,32 +590,26 @@ class FloaterPositionEncoding(PositionEncoding):
                     "--model-overrides \"{'floater_cross_attention': True}\"")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def form(self) -> list:
-        """How this FLOATER differs from the paper's (rk4, step dt / 5, dt 0.1, self-attention only,
-        h solved and updated at every update, dp/dt = h), read from the ODE's state: its settings
-        as the model was rebuilt from the checkpoint, and the N and C saved with the weights.
-        E.g. ``["solve every 10"]``, ``["solve every 10", "lr scale 1"]``, ``["dissipation 1"]``."""
-        labels = list(super().form())
+    def published_options(self):
+        """The paper's step dt / 5 of the model's dt, h as wide as attention, no warm start (the
+        flag's default; the paper warm-starts, which the label names), and the lr scale's default
+        for the N and the start the weights were trained with (:func:`.floater_schedule.lr_scale`)."""
         ode = self.solver
-        dynamics = getattr(ode, "dynamics", None)
-        if dynamics is not None:  # the RNN's subclass has no ODE
-            every = int(getattr(ode, "_trained_every", 1))
-            scale = float(getattr(dynamics, "_trained_scale", ode.lr_scale))
-            if every != 1:
-                labels.append(f"solve every {every}")
-            if not math.isclose(scale, floater_schedule.lr_scale(every, None), rel_tol=1e-9):
-                labels.append(f"lr scale {scale:g}")
-            if ode.solver != "rk4":
-                labels.append(f"solver {ode.solver}")
-            if ode.solver in FIXED_STEP_SOLVERS and not math.isclose(ode.step, ode.dt / 5, rel_tol=1e-9):
-                labels.append(f"step {ode.step:g}")
-            if not math.isclose(ode.dt, 0.1, rel_tol=1e-9):
-                labels.append(f"dt {ode.dt:g}")
-            if dynamics.dissipation:
-                labels.append(f"dissipation {dynamics.dissipation:g}")
-        if self.cross_attention:
-            labels.append("cross-attention")
-        return labels
+        published = {**super().published_options(), "floater_hidden": self.width, "floater_init_from": False}
+        if getattr(ode, "dynamics", None) is not None:  # the RNN's subclass has no ODE
+            published["floater_step"] = default_step(ode.dt)
+            published["floater_lr_scale"] = floater_schedule.lr_scale(ode._trained_every, None, ode._warm_started)
+        return published
+
+    def carried_options(self):
+        """N, C and the warm start as the weights were trained with them (the ODE's and the
+        dynamics' extra state), whatever flags rebuilt the model."""
+        ode = self.solver
+        carried = {**super().carried_options(), "floater_init_from": ode._warm_started}
+        if getattr(ode, "dynamics", None) is not None:
+            carried["floater_solve_every"] = ode._trained_every
+            carried["floater_lr_scale"] = getattr(ode.dynamics, "_trained_scale", ode.lr_scale)
+        return carried
 
     def tie(self, encoder_scheme):
         if self.side == "decoder":

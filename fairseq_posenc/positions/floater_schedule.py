@@ -98,14 +98,30 @@ def check(solve_every: int, scale: float):
 
 
 def rescale_on_load(ode, state_dict, prefix: str):
-    """A load pre-hook of :class:`~.floater.FloaterODE`: weights saved with another C are rescaled
-    so that the model computes what was saved (as ``--position-bias-scale`` does). A state dict
-    without the entry was saved before C was stored: its h holds W / C of the model it is loaded
-    into (fairseq rebuilds a model from its own flags), and its initial states W itself."""
+    """A load pre-hook of :class:`~.floater.FloaterODE`, for weights saved with a C other than the
+    model's. Without ``--floater-lr-scale`` the model takes the stored C, so that a resumed run goes
+    on with the C it was trained with (a warm-started run's 1, whatever the default rule says for
+    the flags of the resume). A training run that asks for another C is refused, naming both; a
+    model rebuilt from a checkpoint with another C (``--model-overrides``) gets the weights rescaled
+    so that it computes what was saved (as ``--position-bias-scale`` does). A state dict without
+    the entry was saved before C was stored: its h holds W / C of the model it is loaded into
+    (fairseq rebuilds a model from its own flags), and its initial states W itself."""
+    from ..models.config import building_from_checkpoint
+
     if getattr(ode, "dynamics", None) is None:  # the RNN's subclass has no dynamics
         return
     key, current = prefix + SCALE_KEY, ode.lr_scale
     stored = float(state_dict[key]) if key in state_dict else None
+    if stored is not None and not math.isclose(stored, current, rel_tol=1e-9):
+        if not ode._lr_scale_given:
+            logger.info(f"{prefix.rstrip('.')}: the weights were trained with --floater-lr-scale {stored:g}: the "
+                        f"model goes on with it (the default for its flags is {current:g})")
+            ode.set_lr_scale(stored)
+            current = stored
+        elif not building_from_checkpoint():
+            raise PosencError(f"--floater-lr-scale {current:g}: the FLOATER weights loaded were trained with "
+                              f"--floater-lr-scale {stored:g}; drop the flag to go on with {stored:g}, or start a new "
+                              "run for another C")
     # the C the weights were trained with, for the model's label (FloaterPositionEncoding.form)
     ode.dynamics._trained_scale = current if stored is None else stored
     ratios = {"initial": 1.0 / current} if stored is None else dict.fromkeys(FLOW, stored / current)

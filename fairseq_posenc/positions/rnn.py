@@ -67,21 +67,17 @@ class Layer(nn.Module):
 class RNNPositions(FloaterODE):
     """FLOATER's ODE solution (``positions(n)``, kept, extended, checkpointed) from a recurrence."""
 
-    def __init__(self, num_states: int, dim: int, layers: int, vector: bool, dt: float):
+    def __init__(self, num_states: int, dim: int, layers: int, vector: bool, dt: float, warm_start: bool = False):
         if layers not in (1, 2):
             raise ValueError(f"--rnn-layers must be 1 or 2 (Table 6's forms), got {layers}")
         if dt <= 0:
             raise ValueError("--rnn-dt must be positive")
         # FLOATER's machinery around a placeholder ODE of one hidden unit, whose dynamics are then
         # dropped: FloaterODE.__init__ builds them, with no hook to build something else
-        super().__init__(num_states, dim, 1, dt, "rk4", None, False)
+        super().__init__(num_states, dim, 1, dt, "rk4", None, False, warm_start=warm_start)
         del self.dynamics
         self.vector = vector
         self.layers = nn.ModuleList(Layer(dim, dim if vector else 1) for _ in range(layers))
-
-    # no --floater-solve-every N to store with the weights: no extra state (FLOATER's ODE has one)
-    get_extra_state = nn.Module.get_extra_state
-    set_extra_state = nn.Module.set_extra_state
 
     def reset_to_vanilla(self):
         """Every p_i = 0: zero initial states, and p_{i+1} = 0 whenever p_i = 0. Zeroed are the last
@@ -160,4 +156,4 @@ class RNNPositionEncoding(FloaterPositionEncoding):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
         if side == "encoder":  # in place of the ODE FLOATER built, for as many block states
             self.ode = RNNPositions(self.ode.initial.size(0), self.width, cfg.rnn_layers, cfg.rnn_input == "vector",
-                                    cfg.rnn_dt)
+                                    cfg.rnn_dt, warm_start=bool(getattr(cfg, "floater_init_from", None)))

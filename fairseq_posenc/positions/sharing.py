@@ -16,9 +16,8 @@ class SharingConfig:
     )
 
 
-def resolve_sharing(cfg, default: str, num_layers: int, num_heads: int):
-    """(sharing, parameter groups, heads per group) for the flag, or the scheme's default."""
-    sharing = getattr(cfg, "position_sharing", None) or default
+def resolve_sharing(sharing: str, num_layers: int, num_heads: int):
+    """(sharing, parameter groups, heads per group) for a --position-sharing value."""
     if sharing not in SHARING_CHOICES:
         raise ValueError(f"--position-sharing must be one of {', '.join(SHARING_CHOICES)}, got {sharing!r}")
     groups = 1 if sharing == "layers" else num_layers

@@ -14,7 +14,7 @@ class ShawRelative(PositionEncoding):
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
-        self.max_distance = 16 if cfg.max_relative_distance is None else cfg.max_relative_distance
+        self.max_distance = self.option("max_relative_distance")
         if self.max_distance <= 0:
             raise ValueError(f"--max-relative-distance must be positive, got {self.max_distance}")
         # (layers, 2k + 1, head dim): index k + (j - i)
@@ -24,6 +24,9 @@ class ShawRelative(PositionEncoding):
         # scale would shrink with the depth
         for table in (*self.rel_k, *self.rel_v):
             nn.init.xavier_uniform_(table)
+
+    def published_options(self):
+        return {**super().published_options(), "max_relative_distance": 16}
 
     def _index(self, pos):
         k = self.max_distance

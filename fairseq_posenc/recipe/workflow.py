@@ -110,12 +110,15 @@ def parse_rows(specs) -> List[Row]:
     return rows
 
 
-def preflight_label(encoding: str, flags: List[str], size: str = "tiny") -> str:
+def preflight_label(encoding: str, flags: List[str], size: str = "tiny", warm_start: bool = False) -> str:
     """Build the model of ``--position-encoding encoding`` with ``flags`` (no data, no training) as
     fairseq-train will, at the demo's ``size``: a flag that would change nothing is refused here
-    (models/config.py), and the row's label is known before any work. The report's labels are read
-    from the trained checkpoints (fairseq_posenc/labels.py), never from here."""
+    (models/config.py), and the row's label is known before any work. ``warm_start``: built
+    warm-started as FLOATER's protocol trains it (from an untrained vanilla model of its size),
+    which decides its lr scale and its label. The report's labels are read from the trained
+    checkpoints (fairseq_posenc/labels.py), never from here."""
     import argparse
+    import tempfile
 
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
@@ -135,18 +138,28 @@ def preflight_label(encoding: str, flags: List[str], size: str = "tiny") -> str:
 
     parser = Parser(argument_default=argparse.SUPPRESS)
     ARCH_MODEL_REGISTRY["transformer_posenc"].add_args(parser)
-    model_args, _ = parser.parse_known_args(["--position-encoding", encoding, *size_flags(size), *flags])
-    model_args.arch = "transformer_posenc"
-    ARCH_CONFIG_REGISTRY["transformer_posenc"](model_args)
-    with _TORCH_RNG:
+
+    def build(encoding, flags):
         import torch
 
-        state = torch.random.get_rng_state()
-        try:
-            model = ARCH_MODEL_REGISTRY["transformer_posenc"].build_model(model_args, Task())
-        finally:
-            torch.random.set_rng_state(state)
-    return labels.model_label(model)
+        model_args, _ = parser.parse_known_args(["--position-encoding", encoding, *size_flags(size), *flags])
+        model_args.arch = "transformer_posenc"
+        ARCH_CONFIG_REGISTRY["transformer_posenc"](model_args)
+        with _TORCH_RNG:
+            state = torch.random.get_rng_state()
+            try:
+                return ARCH_MODEL_REGISTRY["transformer_posenc"].build_model(model_args, Task())
+            finally:
+                torch.random.set_rng_state(state)
+
+    if not (warm_start and encoding in WARM_STARTED):
+        return labels.model_label(build(encoding, flags))
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        vanilla = os.path.join(tmp, "vanilla.pt")
+        torch.save({"model": build("sinusoidal", []).state_dict()}, vanilla)
+        return labels.model_label(build(encoding, [*flags, "--floater-init-from", vanilla]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -289,7 +302,8 @@ class Study:
         seen = {}
         for row in self.rows:
             try:
-                row.label = preflight_label(row.encoding, self._model_flags(row.encoding) + row.flags, size)
+                row.label = preflight_label(row.encoding, self._model_flags(row.encoding) + row.flags, size,
+                                            warm_start=bool(self.warm.get("enabled")))
             except (ValueError, SystemExit) as e:
                 raise ConfigError(f"models.encodings {row.spec}: {e}") from None
             if row.label in seen:
