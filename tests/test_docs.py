@@ -225,6 +225,9 @@ def unknown_in(tokens):
         return fairseq_unknown(program, tokens)
     if program in ("python", "python3"):
         return script_unknown(tokens[1:])
+    if program == "bash" and tokens[1:2] and not tokens[1].startswith("recipes/"):  # a script of the repo (.ci/run)
+        return [v for v in variables if v not in ENVIRONMENT] + \
+            ([] if os.path.isfile(os.path.join(REPO, tokens[1])) else [f"{tokens[1]} (no such script)"])
     if program == "bash":
         return recipe_unknown(variables, tokens[1:])
     if program == "make":
