@@ -191,6 +191,32 @@ def test_floaters_variants_share_one_vanilla_job_and_another_start_restarts_them
         [(0, 3)] * 3
 
 
+def test_two_models_of_one_configuration_and_budget_train_once_one_after_the_other(work):
+    # the sinusoidal row and FLOATER's vanilla stage resolve to one model (one checkpoint
+    # directory): with two jobs at once (-c2, a stub that takes its time) one trains, the other
+    # waits for its record and finds the checkpoint at the budget
+    config = study(models__encodings=["sinusoidal", "floater"],
+                   warm_start={"enabled": True, "start": "vanilla", "control": False,
+                               "vanilla": {"max_update": 6, "max_epoch": None},
+                               "second": {"max_update": 2, "max_epoch": None}})
+    dry = ok(snakemake(work, config, target("sinusoidal"), target("vanilla"), "-n"))
+    assert "| plan vanilla/seed1: the same model as sinusoidal/seed1, trained once" in dry
+    out = ok(snakemake(work, config, target("sinusoidal"), target("vanilla"), "-c2",
+                       env={"STUB_SECONDS_PER_UPDATE": "0.3"}))
+    assert [(c["from"], c["to"]) for c in calls(work)] == [(0, 6)]
+    assert record(work, "vanilla")["checkpoints"] == record(work, "sinusoidal")["checkpoints"]
+    assert "trained before to update 6" in out
+
+
+def test_the_budget_is_the_one_fairseq_train_stops_at(work):
+    # train.flags' --max-update comes after the study's: fairseq-train stops at 4, and so does the job
+    config = study(train__flags=["--max-update", "4"])
+    out = ok(snakemake(work, config, target("sinusoidal")))
+    assert "|   ends at update 4 (" in out and [(c["from"], c["to"]) for c in calls(work)] == [(0, 4)]
+    rec = record(work, "sinusoidal")
+    assert rec["budget"]["max_update"] == 4 and rec["updates"] == 4
+
+
 def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
     proc = snakemake(work, study(models__encodings=["sinusoidal", "t6"]), "-n")
     assert proc.returncode != 0

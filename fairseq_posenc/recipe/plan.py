@@ -416,7 +416,8 @@ def print_study_plan(study, resolved: Dict[str, tuple], stream=None):
         config, config_id = resolved[model.key]
         key = (config_id, model.start, model.teacher)
         if key in seen:
-            print(f"| plan {model.key}: the same model as {seen[key]}", file=stream)
+            print(f"| plan {model.key}: the same model as {seen[key]}, trained once (its job waits for that one's "
+                  "and finds its checkpoints)", file=stream)
             continue
         seen[key] = model.key
         model_flags = " ".join(map(str, study.train.get("model_flags", [])))

@@ -22,6 +22,29 @@ def _model(wildcards):
     return STUDY.model(wildcards.name, wildcards.seed)
 
 
+def _same_as():
+    """model key -> the earlier model of the study that it is (one resolved configuration, start,
+    teacher and encoding: one checkpoint directory), computed once. Its job waits for that model's
+    and finds the checkpoint at its budget: one training, never two in one directory at once. Two
+    budgets for one directory are refused: the second would move the first's checkpoints."""
+    if "same" not in _RESOLVED:
+        first, same = {}, {}
+        for model in STUDY.models:
+            config, config_id = resolved(model)
+            key = (config_id, model.start, model.teacher, model.encoding)
+            if key in first:
+                other = first[key]
+                if train_config.budget(config) != train_config.budget(resolved(other)[0]):
+                    raise WorkflowError(f"configuration refused: {other.key} and {model.key} resolve to one "
+                                        "configuration with different budgets: they would train in one checkpoint "
+                                        "directory")
+                same[model.key] = other
+            else:
+                first[key] = model
+        _RESOLVED["same"] = same
+    return _RESOLVED["same"]
+
+
 def _train_inputs(wildcards):
     model = _model(wildcards)
     inputs = {"data": STUDY.data_bin()}
@@ -29,11 +52,15 @@ def _train_inputs(wildcards):
         inputs["start"] = os.path.join(STUDY.model_dir(STUDY.model(model.start, model.seed)), "trained.json")
     if model.teacher:
         inputs["teacher"] = os.path.join(STUDY.model_dir(STUDY.model(model.teacher, model.seed)), "averaged.pt")
+    if model.key in _same_as():
+        inputs["same"] = os.path.join(STUDY.model_dir(_same_as()[model.key]), "trained.json")
     return inputs
 
 
 def _budget_flags(wildcards):
-    max_update, max_epoch = STUDY.budget(_model(wildcards))
+    """The budget fairseq-train stops at, read from its resolved configuration (what the command's
+    flags decide, train.flags included), for the job to check the checkpoint against."""
+    max_update, max_epoch = train_config.budget(resolved(_model(wildcards))[0])
     return " ".join([f"--max-update {max_update}"] * bool(max_update) + [f"--max-epoch {max_epoch}"] * bool(max_epoch))
 
 
@@ -42,15 +69,9 @@ GPU = STUDY.train["device"] == "gpu"
 
 if workflow.is_main_process:
     # every model's configuration resolved now: a refused argument list fails the dry run, two
-    # models that would train in one directory are refused, and the plan is printed once a model
-    _seen = {}
-    for _m in STUDY.models:
-        _config, _id = resolved(_m)
-        _key = (_id, _m.start, _m.teacher, _m.encoding)
-        if _key in _seen and STUDY.budget(_m) != STUDY.budget(_seen[_key]):
-            raise WorkflowError(f"configuration refused: {_seen[_key].key} and {_m.key} resolve to one configuration "
-                                "with different budgets: they would train in one checkpoint directory")
-        _seen.setdefault(_key, _m)
+    # models that would train in one directory with two budgets are refused, and the plan is
+    # printed once a model
+    _same_as()
     plan_module.print_study_plan(STUDY, {m.key: resolved(m) for m in STUDY.models})
 
 
