@@ -243,9 +243,64 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
         "models.encodings alibi and alibi:--alibi-encoder=symmetric are the same model, 'alibi'"
     assert refused({"models": {"encodings": ["sinusoidal"], "baseline": "rope"}}).startswith(
         "models.baseline rope is not among models.encodings")
+    assert refused({"train": {"encoding_flags": {"floatr": ["--floater-step", "0.1"]}}}).startswith(
+        "train.encoding_flags floatr: 'floatr' is not a position encoding; choose among sinusoidal, learned")
     # an argument fairseq-train refuses: its parser's own message, in the dry run
     proc = snakemake(work, study(train__flags=["--no-such-flag"]), "-n")
     assert proc.returncode != 0 and "fairseq-train would refuse its arguments" in proc.stdout + proc.stderr
+
+
+def shipped(*names, **sections):
+    """The validated configuration of recipes/conf's files ``names`` (in order), then ``sections``."""
+    from snakemake.utils import update_config, validate
+
+    config = {}
+    for name in names:
+        with open(os.path.join(REPO, "recipes", "conf", f"{name}.yaml")) as f:
+            update_config(config, yaml.safe_load(f))
+    update_config(config, json.loads(json.dumps(sections)))
+    validate(config, os.path.join(REPO, "recipes", "conf", "schema.yaml"))
+    return config
+
+
+def test_distilled_students_are_base_width_whatever_the_teachers_arch():
+    from fairseq_posenc.recipe import train_config
+    from fairseq_posenc.recipe import workflow as wf_module
+
+    study = wf_module.Study(shipped("wmt14_en_de", "distillation"), preflight=False)
+    (teacher,) = [m for m in study.models if m.kind == "scratch"]
+    (student,) = [m for m in study.models if m.kind == "distilled"]
+    resolve = lambda m: train_config.resolve([a.replace("{teacher}", "t.pt") for a in study.command(m)])  # noqa: E731
+    teacher_config, student_config = resolve(teacher), resolve(student)
+    assert teacher_config["model.arch"] == "transformer_sinusoidal_wmt_en_de_big"
+    assert teacher_config["model.encoder_embed_dim"] == 1024 and teacher_config["model.dropout"] == 0.3
+    assert student_config["model.arch"] == "transformer_sinusoidal_wmt_en_de"
+    assert (student_config["model.encoder_embed_dim"], student_config["model.decoder_embed_dim"]) == (512, 512)
+    assert (student_config["model.encoder_layers"], student_config["model.decoder_layers"]) == (6, 2)
+    assert student_config["model.dropout"] == 0.1 and student_config["optimization.lr"] == [7e-4]
+    assert student_config["criterion._name"] == "relation_distillation"
+    # distillation.arch, lr and dropout are the students' own
+    study = wf_module.Study(shipped("wmt14_en_de", "distillation", distillation={"arch": "big", "dropout": 0.2}),
+                            preflight=False)
+    student = resolve(next(m for m in study.models if m.kind == "distilled"))
+    assert student["model.encoder_embed_dim"] == 1024 and student["model.dropout"] == 0.2
+    assert student["optimization.lr"] == [5e-4]
+
+
+def test_the_checkpoints_averaged_are_the_ones_fairseq_train_keeps():
+    from fairseq_posenc.recipe import train_config
+    from fairseq_posenc.recipe import workflow as wf_module
+
+    def kept(**evaluate):
+        study = wf_module.Study(shipped("wmt14_en_de", evaluate=evaluate), preflight=False)
+        config = train_config.resolve(study.command(study.models[0]))
+        return {k.split(".")[1]: config[k] for k in ("checkpoint.no_epoch_checkpoints", "checkpoint.keep_last_epochs",
+                                                      "checkpoint.keep_interval_updates")}
+
+    assert kept(checkpoints="epoch", average=3) == {"no_epoch_checkpoints": False, "keep_last_epochs": 3,
+                                                    "keep_interval_updates": 1}
+    assert kept(checkpoints="update", average=4) == {"no_epoch_checkpoints": True, "keep_last_epochs": -1,
+                                                     "keep_interval_updates": 4}
 
 
 # every shipped configuration, as its run.sh or the README combines them

@@ -23,7 +23,7 @@ import os
 import re
 import sys
 import threading
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 USER_DIR = os.path.join(ROOT, "fairseq_posenc")
@@ -32,13 +32,25 @@ USER_DIR = os.path.join(ROOT, "fairseq_posenc")
 WARM_STARTED = ("floater", "rnn")
 CONTROL = "vanilla_continued"
 VANILLA = "vanilla"
-#: fairseq's architectures per ``models.arch``: (suffix, dropout, lr, max_update, checkpoints
-#: averaged, updates between checkpoints): Vaswani et al.'s base and big, fairseq's IWSLT example
-#: with Wu et al.'s 50k updates; the demo's sizes (models/from_flags.py) train transformer_posenc
+
+
+class Arch(NamedTuple):
+    """What ``auto`` means for a fairseq architecture of ``models.arch`` (``transformer_ENC_SUFFIX``)."""
+    suffix: str
+    dropout: float
+    lr: float
+    max_update: int
+    average: int  # checkpoints averaged
+    save_interval_updates: int
+
+
+#: fairseq's architectures per ``models.arch``: Vaswani et al.'s base and big, fairseq's IWSLT
+#: example with Wu et al.'s 50k updates; the demo's sizes (models/from_flags.py MODEL_SIZES) train
+#: transformer_posenc and have no defaults
 ARCHS = {
-    "base": ("wmt_en_de", 0.1, 7e-4, 100000, 5, 1250),
-    "big": ("wmt_en_de_big", 0.3, 5e-4, 300000, 20, 600),
-    "iwslt": ("iwslt_de_en", 0.3, 5e-4, 50000, 10, 1000),
+    "base": Arch("wmt_en_de", dropout=0.1, lr=7e-4, max_update=100000, average=5, save_interval_updates=1250),
+    "big": Arch("wmt_en_de_big", dropout=0.3, lr=5e-4, max_update=300000, average=20, save_interval_updates=600),
+    "iwslt": Arch("iwslt_de_en", dropout=0.3, lr=5e-4, max_update=50000, average=10, save_interval_updates=1000),
 }
 #: what every corpus recipe knows of its corpus: languages, the official validation and test
 #: sets, fairseq's split of the training pairs, and how fairseq's own scripts prepare it
@@ -286,6 +298,12 @@ class Study:
 
     # -- rows and their preflight -----------------------------------------------------------------
     def _check_rows(self, preflight: bool):
+        from ..positions import POSITION_ENCODINGS
+
+        for encoding in self.train.get("encoding_flags") or {}:
+            if encoding not in POSITION_ENCODINGS:
+                raise ConfigError(f"train.encoding_flags {encoding}: {encoding!r} is not a position encoding; choose "
+                                  f"among {', '.join(POSITION_ENCODINGS)}")
         baseline = self.config["models"].get("baseline")
         if baseline and not any(baseline in (r.spec, r.slug) for r in self.rows):
             raise ConfigError(f"models.baseline {baseline} is not among models.encodings "
@@ -371,25 +389,33 @@ class Study:
         flags += [str(f) for f in (self.train.get("encoding_flags") or {}).get(encoding, [])]
         return flags
 
-    def arch_flags(self, encoding: str) -> List[str]:
-        if self.arch in ARCHS:
-            return ["--arch", f"transformer_{encoding}_{ARCHS[self.arch][0]}"]
+    def model_arch(self, model: "Model") -> str:
+        """The model's ``models.arch``: the study's, or a distilled student's ``distillation.arch``."""
+        return self.config["distillation"]["arch"] if model.kind == "distilled" else self.arch
+
+    def arch_flags(self, encoding: str, arch: Optional[str] = None) -> List[str]:
+        arch = arch or self.arch
+        if arch in ARCHS:
+            return ["--arch", f"transformer_{encoding}_{ARCHS[arch].suffix}"]
         from ..models.from_flags import size_flags
 
-        return ["--arch", "transformer_posenc", "--position-encoding", encoding, *size_flags(self.arch)]
+        return ["--arch", "transformer_posenc", "--position-encoding", encoding, *size_flags(arch)]
 
-    def arch_default(self, key: str):
-        value = self.train.get(key, "auto")
+    def arch_default(self, key: str, arch: Optional[str] = None, section: str = "train"):
+        """``section.key`` of the configuration, its ``auto`` the architecture's value (``arch``: the
+        study's by default)."""
+        arch = arch or self.arch
+        value = self.config[section].get(key, "auto")
         if value != "auto":
             return value
-        index = {"dropout": 1, "lr": 2, "max_update": 3, "average": 4, "save_interval_updates": 5}[key]
-        if self.arch not in ARCHS:
-            raise ConfigError(f"train.{key}: auto has no value for models.arch {self.arch}: set it")
-        value = ARCHS[self.arch][index]
+        if arch not in ARCHS:
+            raise ConfigError(f"{section}.{key}: auto has no value for {'models' if section == 'train' else section}.arch "
+                              f"{arch}: set it")
+        value = getattr(ARCHS[arch], key)
         if self.train.get("large_batch") and key in ("lr", "max_update", "save_interval_updates"):
             # fairseq's examples/scaling_nmt big batches: 16x the update, lr 0.001, every count of
             # updates divided by 16 so that each stands for the same tokens
-            value = {"lr": 1e-3, "max_update": value // 16, "save_interval_updates": 125 if self.arch == "base" else 50}[key]
+            value = {"lr": 1e-3, "max_update": value // 16, "save_interval_updates": 125 if arch == "base" else 50}[key]
         return value
 
     def world(self) -> int:
@@ -444,6 +470,8 @@ class Study:
         return self.arch_default("average")
 
     def lr(self, model: Model) -> float:
+        if model.kind == "distilled":
+            return float(self.arch_default("lr", self.model_arch(model), "distillation"))
         lr = float(self.arch_default("lr"))
         if model.kind in ("warm", "control"):
             lr *= float(self.warm.get("lr_scale", 0.5))
@@ -492,10 +520,20 @@ class Study:
         return [self.data_bin(), "--user-dir", USER_DIR, *flags, *self._split_flags(model),
                 *self._start_flags(model, model.encoding), *self._common_end(model, [])]
 
+    def _keep_flags(self, model: Model) -> List[str]:
+        """The checkpoints a run keeps: the last ``average`` of the kind evaluate.checkpoints
+        averages (a vanilla stage: its checkpoint_best.pt is what is used), one interval checkpoint
+        besides epoch checkpoints (checkpoint_last.pt resumes anyway)."""
+        keep = str(1 if model.kind == "vanilla" else self.average(model))
+        if self.evaluate["checkpoints"] == "epoch":
+            return ["--keep-last-epochs", keep, "--keep-interval-updates", "1"]
+        return ["--no-epoch-checkpoints", "--keep-interval-updates", keep]
+
     def _scaling_nmt_command(self, model: Model) -> List[str]:
         """The Scaling NMT flags (Ott et al., 2018) with the papers' base/big settings; IWSLT's
         config gives fairseq's example's (decoder-only sharing, weight decay, Adam's own eps)."""
         t = self.train
+        arch = self.model_arch(model)
         max_update, max_epoch = self.budget(model)
         max_tokens, update_freq = self.batch()
         share = {"all": ["--share-all-embeddings"], "decoder": ["--share-decoder-input-output-embed"]}[t["share_embeddings"]]
@@ -508,9 +546,10 @@ class Study:
             argv += ["--warmup-init-lr", str(t["warmup_init_lr"])]
         criterion = "relation_distillation" if model.kind == "distilled" else "label_smoothed_cross_entropy"
         argv += ["--criterion", criterion, "--label-smoothing", "0.1", "--weight-decay", str(t["weight_decay"]),
-                 "--dropout", str(self.arch_default("dropout")), "--max-tokens", str(max_tokens),
-                 "--update-freq", str(update_freq), "--save-interval-updates", str(self.arch_default("save_interval_updates")),
-                 "--no-epoch-checkpoints", "--no-progress-bar", "--log-interval", "100", "--log-format", "simple"]
+                 "--dropout", str(self.arch_default("dropout", arch, "distillation" if model.kind == "distilled" else "train")),
+                 "--max-tokens", str(max_tokens), "--update-freq", str(update_freq),
+                 "--save-interval-updates", str(self.arch_default("save_interval_updates", arch)),
+                 *self._keep_flags(model), "--no-progress-bar", "--log-interval", "100", "--log-format", "simple"]
         if t.get("eval_bleu"):
             # checkpoint_best.pt by validation BLEU decoded in process (fairseq's IWSLT example), with
             # the test decode's beam and length limit
@@ -521,10 +560,9 @@ class Study:
                      "--maximize-best-checkpoint-metric"]
             if self.tgt != "en":
                 argv += ["--eval-bleu-detok-args", json.dumps({"target_lang": self.tgt})]
-        argv += [*self.arch_flags(model.encoding), "--lr", repr(self.lr(model))]
+        argv += [*self.arch_flags(model.encoding, arch), "--lr", repr(self.lr(model))]
         argv += ["--max-update", str(max_update)] if max_update else []
         argv += ["--max-epoch", str(max_epoch)] if max_epoch else []
-        argv += ["--keep-interval-updates", str(1 if model.kind == "vanilla" else self.average(model))]
         if model.kind == "distilled":
             d = self.config["distillation"]
             argv += [*[str(f) for f in d.get("student_flags", [])], "--teacher-path", "{teacher}",
