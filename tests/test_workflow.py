@@ -25,11 +25,12 @@ STUDY = {"out": "study", "corpus": {"data": "corpus", "toy": {"train_size": 300,
          "models": {"encodings": ["sinusoidal"]}, "train": {"max_update": 6}}
 
 
-def snakemake(workdir, study, *args, env=None, timeout=300):
-    """Snakemake on the demo's configuration updated with ``study``, in ``workdir``."""
+def snakemake(workdir, study, *args, env=None, timeout=300, stub=True):
+    """Snakemake on the demo's configuration updated with ``study``, in ``workdir``; with the stub
+    fairseq-train unless ``stub`` is False."""
     with open(os.path.join(workdir, "study.yaml"), "w") as f:
         yaml.safe_dump(study, f)
-    path = f"{STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    path = f"{STUBS + ':' if stub else ''}{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
     return subprocess.run([SNAKEMAKE, "-s", SNAKEFILE, "--configfile", DEMO, "study.yaml", "-c1", "--rerun-incomplete",
                            *args], cwd=workdir, capture_output=True, text=True, timeout=timeout, start_new_session=True,
                           env={**os.environ, "PATH": path, "STUB_LOG": os.path.join(workdir, "calls.jsonl"),

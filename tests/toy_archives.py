@@ -1,4 +1,4 @@
-"""Miniature WMT archives with the official names and member paths (a toy language pair: every
+"""Miniature WMT and IWSLT archives with the official names and member paths (a toy language pair: every
 word has one translation, order kept; hyphenated compounds, punctuation, quotes and an ampersand
 exercise tokenization, escaping and compound splitting), for the workflow's tests."""
 import gzip
@@ -85,3 +85,78 @@ def write_archives(recipe, raw_dir, src, tgt, seed=1, train_pairs=360, sources=N
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return archives, corpora
+
+
+# ------------------------------------------------------------------------------------------------
+# IWSLT'14's de-en.tgz: the members fairseq's prepare-iwslt14.sh reads (train.tags.* with their
+# talk metadata, the five test sets as .xml); a toy pair word for word (German: each English word
+# reversed + "en"), with capitals, a hyphenated word (kept whole: no -a) and quotes (escaped)
+IWSLT_TEST_SETS = ["IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010", "IWSLT14.TED.tst2011",
+                   "IWSLT14.TED.tst2012"]
+IWSLT_TEST_SIZES = [7, 5, 6, 4, 8]  # 30 test pairs, a count per set so that a set left out shows
+
+
+def _iwslt_pair(rng, n):
+    words = [rng.choice(_WORDS) for _ in range(n)]
+    if n > 4 and rng.random() < 0.3:
+        words[1] = words[1] + "-" + words[2]
+    en = " ".join(words)
+    de = " ".join("-".join(w[::-1] + "en" for w in word.split("-")) for word in words)
+    return de[0].upper() + de[1:] + ".", en[0].upper() + en[1:] + "."
+
+
+def write_iwslt_archive(path, seed=1, talks=3, per_talk=40):
+    """de-en.tgz with the members prepare-iwslt14.sh reads. Per talk: the metadata lines fairseq
+    drops (<url>, <keywords>, <talkid>), a <title> and a <description> line kept without their
+    tags, then ``per_talk`` sentences; among them one pair of 180 tokens a side and one of ratio 2
+    (the 1-175 / 1.5 cleaning drops both) and one empty pair. Returns the expected counts."""
+    assert talks >= 3 and per_talk >= 10
+    rng = random.Random(seed)
+    de_lines, en_lines, text_pairs = [], [], 0
+    for talk in range(talks):
+        meta = [f"<url>http://www.ted.com/talks/toy_{talk}.html</url>", f"<keywords>talks, toy {talk}</keywords>",
+                f"<talkid>{100 + talk}</talkid>"]
+        de_lines += meta
+        en_lines += meta
+        de_lines += [f"<title>Toy-Vortrag {talk}: Das Haus</title>",
+                     f"<description>TED Talk Subtitles and Transcript: Vortrag {talk} Über Häuser</description>"]
+        en_lines += [f"<title>Toy talk {talk}: The House</title>",
+                     f"<description>TED Talk Subtitles and Transcript: Talk {talk} About Houses</description>"]
+        text_pairs += 2
+        for i in range(per_talk):
+            if talk == 0 and i == 5:
+                de, en = " ".join(["Haus"] * 180), " ".join(["House"] * 180)
+            elif talk == 1 and i == 7:
+                de, en = " ".join(["Katze"] * 10), " ".join(["Cat"] * 20)
+            elif talk == 2 and i == 9:
+                de = en = ""
+            else:
+                de, en = _iwslt_pair(rng, rng.randint(3, 12))
+                if rng.random() < 0.1:
+                    de, en = f'Er sagt "{de}"', f'He says "{en}"'
+            de_lines.append(de)
+            en_lines.append(en)
+            text_pairs += 1
+    members = {"de-en/train.tags.de-en.de": "\n".join(de_lines) + "\n",
+               "de-en/train.tags.de-en.en": "\n".join(en_lines) + "\n"}
+    test_pairs = []
+    for name, size in zip(IWSLT_TEST_SETS, IWSLT_TEST_SIZES):
+        pairs = [_iwslt_pair(rng, rng.randint(3, 12)) for _ in range(size)]
+        pairs[0] = (pairs[0][0].replace(".", "\u2019s."), pairs[0][1].replace(".", "\u2019s."))  # ’ -> '
+        test_pairs += pairs
+        for side, lang in ((0, "de"), (1, "en")):
+            segs = "".join(f'<seg id="{i + 1}"> {p[side]} </seg>\n' for i, p in enumerate(pairs))
+            members[f"de-en/{name}.de-en.{lang}.xml"] = (
+                f'<?xml version="1.0" encoding="UTF-8"?>\n<mteval>\n<refset setid="iwslt2014-{name}" srclang="german" '
+                f'trglang="english" refid="ref">\n<doc docid="1" genre="lectures">\n<url>http://www.ted.com/talks/x.html</url>\n'
+                f"<description>TED Talk Subtitles and Transcript: toy</description>\n<talkid>1</talkid>\n"
+                f"<title>Toy</title>\n{segs}</doc>\n</refset>\n</mteval>\n")
+    members["de-en/README"] = "toy\n"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in members.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return {"text_pairs": text_pairs, "cleaned": text_pairs - 3, "test": [p[1] for p in test_pairs]}

@@ -572,6 +572,13 @@ class Study:
         argv += self.device_flags()
         return argv + self._common_end(model, [])
 
+    def test_set(self) -> str:
+        """What the test decode translates (the score lines' name of it): the corpus's test set, or
+        with a split the training pairs it set aside as too long to train on."""
+        if self.split:
+            return f"split-long-pairs(source>={self.split['train_below']}-{self.split['unit']})"
+        return self.facts["test_name"]
+
     # -- where things go ---------------------------------------------------------------------------
     def model_dir(self, model: Model) -> str:
         return os.path.join(self.out, "models", model.name, f"seed{model.seed}")

@@ -85,7 +85,9 @@ rule detok:
 
 
 rule score:
-    # SacreBLEU (detokenized, with its signature) and tokenized BLEU, as the papers report them
+    # SacreBLEU (detokenized, with its signature) and tokenized BLEU, as the papers report them:
+    # against the corpus's raw test references, or with a split against the long pairs' own
+    # references (the T- lines: the split's test set is made of training pairs)
     input:
         generation=MODEL_DIR + "/test.txt",
         label=MODEL_DIR + "/label.txt",
@@ -93,15 +95,16 @@ rule score:
         lines=MODEL_DIR + "/score.txt",
         json=MODEL_DIR + "/score.json",
     params:
-        ref=os.path.join(STUDY.data, f"test.raw.{STUDY.tgt}"),
+        ref="" if STUDY.split else "--ref " + os.path.join(STUDY.data, f"test.raw.{STUDY.tgt}"),
+        bpe=wf.segmentation(STUDY),
         lang=STUDY.tgt,
         lowercase="--lowercase" if STUDY.evaluate["lowercase"] else "",
         what=lambda w: (f"{STUDY.corpus_name} {STUDY.pair} seed={w.seed} arch={STUDY.arch} "
-                        f"{STUDY.facts['test_name']} beam={STUDY.evaluate['beam']} lenpen={STUDY.evaluate['lenpen']} "
+                        f"{STUDY.test_set()} beam={STUDY.evaluate['beam']} lenpen={STUDY.evaluate['lenpen']} "
                         f"lenpen_form={STUDY.evaluate['lenpen_form']} avg={STUDY.average(_model(w))}"),
     wildcard_constraints:
         seed=r"\d+",
     shell:
-        "{PY} {RECIPE_PY}/scoring.py score --generation {input.generation} --lang {params.lang} --ref {params.ref} "
-        "{params.lowercase} --label \"enc=$(cat {input.label}) {params.what}\" --results {output.lines} "
-        "--json {output.json}"
+        "{PY} {RECIPE_PY}/scoring.py score --generation {input.generation} --lang {params.lang} {params.ref} "
+        "--bpe {params.bpe} {params.lowercase} --label \"enc=$(cat {input.label}) {params.what}\" "
+        "--results {output.lines} --json {output.json}"
