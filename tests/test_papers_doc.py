@@ -1,6 +1,9 @@
-"""docs/papers.md cannot rot: every recipe command it shows is the workflow's entry point with
-study files that exist and --config values that the schema and the workflow accept, its rows
-built as fairseq-train will build them; and the papers' tables each have their command.
+"""The docs' recipe commands cannot rot: every one (docs/papers.md's tables, and those of
+README.md, recipes/README.md and docs/*.md) is the workflow's entry point with study files that
+exist and --config values that, parsed as Snakemake parses them (snakemake.cli.parse_config: a
+nested value's leaves as strings) and read as the workflow reads them, the schema and the workflow
+accept, their rows built as fairseq-train will build them; and the papers' tables each have
+their command.
 
 tests/test_docs.py checks the flags and keys by name; here each command's whole configuration
 (the corpus's file, the study files, the --config values, as Snakemake merges them) is checked
@@ -11,21 +14,23 @@ import os
 import pytest
 import yaml
 
+from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.recipe import workflow as wf
-from test_docs import REPO, _code_blocks, _split
+from test_docs import DOCS, REPO, _code_blocks, _split
 
-PAPERS = os.path.join(REPO, "docs", "papers.md")
+PAPERS = "docs/papers.md"
 CONF = os.path.join(REPO, "recipes", "conf")
 
 
-def recipe_commands():
-    """(entry point, study files, --config items) of every recipe command in docs/papers.md."""
+def recipe_commands(doc):
+    """(entry point, study files, --config items) of every recipe command in ``doc``."""
     found = []
-    text = open(PAPERS, encoding="utf-8").read()
+    text = open(os.path.join(REPO, doc), encoding="utf-8").read()
     for block in _code_blocks(text):
         for line in block.replace("\\\n", " ").splitlines():
             for tokens in _split(line):
-                if len(tokens) >= 2 and tokens[0] == "bash" and tokens[1].startswith("recipes/"):
+                if len(tokens) >= 2 and tokens[0] == "bash" and tokens[1].startswith("recipes/") \
+                        and tokens[1].endswith("/run.sh"):
                     rest = tokens[2:]
                     files = []
                     while rest and rest[0].endswith(".yaml"):
@@ -40,21 +45,26 @@ def recipe_commands():
     return found
 
 
-COMMANDS = recipe_commands()
+COMMANDS = recipe_commands(PAPERS)
+ALL = [(doc, command) for doc in DOCS for command in recipe_commands(doc)]
 
 
 def configuration(script, files, items):
-    """The configuration Snakemake would parse: the corpus's file, the study files, --config."""
+    """The configuration the workflow validates: the corpus's file, the study files (YAML), then
+    --config as Snakemake's own parse_config reads it, then the workflow's reading of its strings
+    (recipes/Snakefile: workflow.coerce)."""
+    from snakemake.cli import parse_config
     from snakemake.utils import update_config, validate
 
     corpus = script.split("/")[1]
     config = {}
     for path in [os.path.join(CONF, f"{corpus}.yaml"), *(os.path.join(REPO, f) for f in files)]:
-        with open(path, encoding="utf-8") as f:
-            update_config(config, yaml.safe_load(f))
-    for item in items:
-        key, _, value = item.partition("=")
-        update_config(config, {key: yaml.safe_load(value)})
+        if os.path.exists(path):  # a file of the reader's own (mine.yaml) is shown, not shipped
+            with open(path, encoding="utf-8") as f:
+                update_config(config, yaml.safe_load(f))
+    update_config(config, parse_config(list(items)))
+    with open(os.path.join(CONF, "schema.yaml"), encoding="utf-8") as f:
+        config = wf.coerce(config, yaml.safe_load(f))
     validate(config, os.path.join(CONF, "schema.yaml"))
     return config
 
@@ -73,11 +83,27 @@ def test_papers_doc_shows_the_tables_commands():
     assert len(table3) == 17  # (A) 4, (C) 7, (D) 4, (E) 1, big 1
 
 
-@pytest.mark.parametrize("index", range(len(COMMANDS)))
-def test_every_command_is_a_configuration_the_workflow_accepts(index):
-    script, files, items = COMMANDS[index]
+@pytest.mark.parametrize("doc, command", ALL, ids=[f"{doc}:{' '.join(c[1] + c[2])[-70:]}" for doc, c in ALL])
+def test_every_command_is_a_configuration_the_workflow_accepts(doc, command):
+    script, files, items = command
     config = configuration(script, files, items)
+    if not all(spec.partition(":")[0] in POSITION_ENCODINGS for spec in config["models"]["encodings"]):
+        return  # an encoding of the reader's own (README.md's "mine"): the schema's check only
     study = wf.Study(config)
     for model in study.models:
         command = study.command(model)
         assert command[0] == study.data_bin() and "--seed" in command
+
+
+def test_nested_config_values_are_read_as_the_schema_types_them():
+    """Snakemake's --config gives a nested value's leaves as strings; the workflow reads them as
+    the schema types them (and only there: a string field keeps its string)."""
+    config = configuration("recipes/wmt14_en_de/run.sh", ("recipes/conf/distillation.yaml",), (
+        'distillation={"relation_heads": 32, "relation_weight": 0.5, "relations": "1", "max_epoch": null}',
+        'warm_start={"enabled": true}', 'train={"lr": 0.001, "max_update": 6, "dropout": "auto"}',
+        'models={"encodings": ["floater"], "seeds": [1, 2]}', "out=runs/x"))
+    d, train = config["distillation"], config["train"]
+    assert (d["relation_heads"], d["relation_weight"], d["relations"], d["max_epoch"]) == (32, 0.5, "1", None)
+    assert config["warm_start"]["enabled"] is True and config["models"]["seeds"] == [1, 2]
+    assert (train["lr"], train["max_update"], train["dropout"]) == (0.001, 6, "auto")
+    assert config["models"]["encodings"] == ["floater"] and config["out"] == "runs/x"

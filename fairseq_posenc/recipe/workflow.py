@@ -75,6 +75,44 @@ class ConfigError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------
+# the configuration as Snakemake's --config gives it
+_JSON_TYPES = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+               "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+               "boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None,
+               "string": lambda v: isinstance(v, str), "array": lambda v: isinstance(v, list),
+               "object": lambda v: isinstance(v, dict)}
+
+
+def coerce(value, schema: dict):
+    """``value`` with every string the schema wants as another type read as YAML. Snakemake's
+    ``--config KEY=VALUE`` reads a nested VALUE with YAML's BaseLoader, every leaf a string
+    (``'distillation={"relation_heads": 32}'`` gives ``'32'``, ``true`` gives ``'true'``): a string
+    leaf becomes what YAML reads it as where that is one of the schema's other types or enum values
+    there; a field of strings only keeps it, as does one whose string means itself (``auto``)."""
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        return {k: coerce(v, properties.get(k, {})) for k, v in value.items()}
+    if isinstance(value, list):
+        return [coerce(v, schema.get("items", {})) for v in value]
+    if not isinstance(value, str):
+        return value
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    others = [t for t in types if t != "string"]
+    if not (others or "enum" in schema) or value in schema.get("enum", []):
+        return value
+    import yaml
+
+    try:
+        read = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    if not isinstance(read, str) and (any(_JSON_TYPES[t](read) for t in others) or read in schema.get("enum", [])):
+        return read
+    return value
+
+
+# ------------------------------------------------------------------------------------------------
 # rows
 @dataclasses.dataclass
 class Row:
