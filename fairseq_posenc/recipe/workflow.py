@@ -214,31 +214,32 @@ def preflight_label(encoding: str, flags: List[str], size: str = "tiny", warm_st
 
 # ------------------------------------------------------------------------------------------------
 # the code a model is trained with
-def _training_modules() -> List[str]:
-    """The files of the modules ``import fairseq_posenc`` loads (what fairseq's --user-dir runs),
-    not the recipes' own package."""
-    import fairseq_posenc  # noqa: F401
+def code_files(root: str = ROOT, encoding: Optional[str] = None) -> List[str]:
+    """The files fairseq's ``--user-dir`` runs to train a model of ``encoding``: what
+    ``fairseq_posenc/__init__.py`` imports (at module level or inside a function, the C++
+    extension's source included), read from the source (fairseq_posenc/recipe/sources.py), never
+    from what a process happened to import; less what only the other encodings' schemes run (the
+    files of their classes and what only those import). Without ``encoding``: every encoding's."""
+    from .sources import sources
 
-    files = set()
-    for name, module in list(sys.modules.items()):
-        if name.split(".")[0] != "fairseq_posenc" or name.startswith("fairseq_posenc.recipe"):
-            continue
-        path = getattr(module, "__file__", None)
-        if path and path.endswith(".py"):
-            files.add(os.path.abspath(path))
-    csrc = os.path.join(USER_DIR, "csrc")
-    if os.path.isdir(csrc):
-        files.update(os.path.join(csrc, f) for f in os.listdir(csrc) if f.endswith((".cpp", ".h")))
+    init = os.path.join(root, "fairseq_posenc", "__init__.py")
+    if encoding is None:
+        return list(sources(init, root=root))
+    owned = _encoding_files(root)
+    schemes = set().union(*owned.values())
+    # what the plugin runs besides the schemes, then what this encoding's scheme runs
+    files = set(sources(init, root=root, stop=schemes))
+    files |= set(sources(*owned[encoding], root=root, stop=schemes - owned[encoding]))
     return sorted(files)
 
 
-def _encoding_files() -> Dict[str, set]:
+def _encoding_files(root: str = ROOT) -> Dict[str, set]:
     """encoding -> the files defining the classes of its scheme (its MRO), for every registered one."""
     from ..positions import POSITION_ENCODINGS
 
     owned = {}
     for name, cls in POSITION_ENCODINGS.items():
-        owned[name] = {os.path.abspath(sys.modules[c.__module__].__file__) for c in cls.__mro__
+        owned[name] = {os.path.join(root, *c.__module__.split(".")) + ".py" for c in cls.__mro__
                        if c.__module__.startswith("fairseq_posenc.")}
     return owned
 
@@ -265,26 +266,24 @@ def _has_distribution(name: str) -> bool:
         return False
 
 
-_CODE_CACHE: Dict[str, str] = {}
+_CODE_CACHE: Dict[tuple, str] = {}
 
 
-def code_key(encoding: str) -> str:
-    """12 hex digits of what trains a model of ``encoding``: the source of every module that
-    ``import fairseq_posenc`` loads except the files of the other encodings' schemes (a class of
-    another encoding in this one's MRO counts: rnn is trained by floater.py too), and the versions
-    of fairseq, torch and Python. An edit of fairseq_posenc/positions/alibi.py retrains the alibi
-    models and no other; an edit of the shared model code or an upgrade retrains every model."""
-    if encoding not in _CODE_CACHE:
-        owned = _encoding_files()
-        others = set().union(*(files for name, files in owned.items() if name != encoding)) - owned[encoding]
+def code_key(encoding: str, root: str = ROOT) -> str:
+    """12 hex digits of what trains a model of ``encoding``: the source of :func:`code_files`
+    (a class of another encoding in this one's MRO counts: rnn is trained by floater.py too) and
+    the versions of fairseq, torch and Python. An edit of fairseq_posenc/positions/alibi.py
+    retrains the alibi models and no other, one of FLOATER's solver the floater and rnn models; an
+    edit of the shared model code or an upgrade retrains every model; an edit of a module that
+    does not train (labels.py, the recipes) retrains none. ``root``: the checkout (another one, in
+    tests)."""
+    if (encoding, root) not in _CODE_CACHE:
         digest = hashlib.sha1(json.dumps(software_versions(), sort_keys=True).encode())
-        for path in _training_modules():
-            if path in others:
-                continue
+        for path in code_files(root, encoding):
             with open(path, "rb") as f:
-                digest.update(os.path.relpath(path, ROOT).encode() + b"\0" + f.read())
-        _CODE_CACHE[encoding] = digest.hexdigest()[:12]
-    return _CODE_CACHE[encoding]
+                digest.update(os.path.relpath(path, root).encode() + b"\0" + f.read())
+        _CODE_CACHE[(encoding, root)] = digest.hexdigest()[:12]
+    return _CODE_CACHE[(encoding, root)]
 
 
 # ------------------------------------------------------------------------------------------------
