@@ -4,7 +4,7 @@ with a paired bootstrap 95% interval of each model's BLEU difference from a base
 
 One implementation for ``make demo``, the workflow's reports (fairseq_posenc/recipe/report.py) and
 ``scripts/bleu_by_length.py``. Input: ``runs[model] = [Generation of seed 1, of seed 2, ...]``
-(``fairseq_posenc.pipeline.Generation``: sources, hypotheses, references and sentence ids,
+(``fairseq_posenc.generation.Generation``: sources, hypotheses, references and sentence ids,
 detokenized text on the target side), all decoded from one test set.
 
 How seeds and the bootstrap combine: the resampled unit is the test *sentence*, and each drawn

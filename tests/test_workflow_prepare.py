@@ -38,8 +38,9 @@ def wmt(tmp_path_factory):
 
 
 def copy(wmt, tmp_path):
-    """A copy of the prepared corpus (a test that changes it changes its own)."""
-    for name in ("archives", "sources", "data"):
+    """A copy of the prepared corpus and of Snakemake's records of it (a test that changes it
+    changes its own)."""
+    for name in ("archives", "sources", "data", ".snakemake"):
         (shutil.copytree if os.path.isdir(os.path.join(wmt[0], name)) else shutil.copy2)(
             os.path.join(wmt[0], name), str(tmp_path / name))
     return str(tmp_path)
@@ -50,8 +51,9 @@ def test_wmt14_en_de_is_prepared_offline_and_an_edited_sources_file_prepares_it_
     work = copy(wmt, tmp_path)
     src, tgt = PAIRS["wmt14_en_de"]
     study = json.loads(json.dumps(WMT))
-    # the archives are there: nothing fetched (corpus.download false would refuse to)
-    assert "rule fetch" not in out and "rule binarize" in out
+    # the archives are there: checked, not downloaded (corpus.download false would refuse to)
+    assert "| downloading" not in out and "| dev.tgz already there, not downloading" in out
+    assert "| test-full.tgz: checksum not verified (asked not to)" in out and "rule binarize" in out
     data = os.path.join(work, "data")
     assert len(lines(f"{data}/raw/train.{src}")) == 360 and len(lines(f"{data}/raw/test.{tgt}")) == 40
     # fairseq's split: pairs 100, 200, 300 validate, the other 357 train
@@ -65,6 +67,19 @@ def test_wmt14_en_de_is_prepared_offline_and_an_edited_sources_file_prepares_it_
     assert "@@ " in "\n".join(lines(f"{data}/train.{src}")) and os.path.exists(f"{data}/bpe/code")
     assert {"dict.de.txt", "dict.en.txt", "train.en-de.en.bin", "test.en-de.de.idx"} <= set(os.listdir(f"{data}/data-bin"))
     assert ok(snakemake(work, study, "data/data-bin", "-n")).count("rule ") == 0
+    # an archive missing: its download job alone (corpus.download false: it fails, naming where to
+    # put it); the others are not touched (an archive is never a job's output to delete)
+    archive = os.path.join(work, "archives", "dev.tgz")
+    os.rename(archive, archive + ".away")
+    others = {name: os.stat(os.path.join(work, "archives", name)).st_mtime_ns
+              for name in os.listdir(os.path.join(work, "archives")) if name.endswith(".tgz")}
+    # (a deleted archive alone runs nothing: what it made is there; the extraction forced again needs it)
+    assert ok(snakemake(work, study, "data/data-bin", "-n")).count("rule ") == 0
+    proc = snakemake(work, study, "data/data-bin", "--forcerun", "extract")
+    assert proc.returncode != 0 and set(re.findall(r"^(?:local)?rule (\w+):", proc.stdout + proc.stderr, re.M)) == {"download"}
+    assert f"missing archives/dev.tgz: download it from http://www.statmt.org/wmt14/dev.tgz" in proc.stdout + proc.stderr
+    assert {name: os.stat(os.path.join(work, "archives", name)).st_mtime_ns for name in others} == others
+    os.rename(archive + ".away", archive)
     # Common Crawl's member dropped: the extraction and everything after it run again
     sources = os.path.join(work, "sources")
     with open(sources) as f:
@@ -151,7 +166,11 @@ def test_iwslt14_is_prepared_offline_as_fairseqs_script_prepares_it(tmp_path):
              "models": {"arch": "iwslt", "encodings": ["sinusoidal"]}, "train": {"recipe": "scaling_nmt"}}
     out = ok(snakemake(work, study, "data/data-bin"))
     data = tmp_path / "data"
-    assert "rule fetch" not in out and "| reading 12 members of iwslt14/de-en.tgz" in out
+    # no published checksum: the first use records the archive's sha256 and size beside it
+    archive = tmp_path / "archives" / "iwslt14" / "de-en.tgz"
+    assert "de-en.tgz: no published checksum; recorded sha256 " in out
+    assert (tmp_path / "archives" / "iwslt14" / "de-en.tgz.sha256").read_text().split()[1] == str(archive.stat().st_size)
+    assert "| reading 12 members of iwslt14/de-en.tgz" in out
     # extract: the talks' metadata lines dropped, title and description kept without their tags
     raw_de, raw_en = lines(data / "raw" / "train.de"), lines(data / "raw" / "train.en")
     assert len(raw_de) == len(raw_en) == expected["text_pairs"] == 3 * 42

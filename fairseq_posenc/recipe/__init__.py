@@ -3,9 +3,11 @@
 - workflow.py: a study's configuration as its rows, models and fairseq-train commands, checked
   when the workflow is parsed; train_config.py: the resolved configuration and the hash that names
   a model's checkpoint directory; train_job.py: one training job (budget, record);
+- sources.py: the files of the checkout a script runs (a rule's inputs, a model's code key);
 - plan.py: the plan of each model before training, disk space;
-- prepare.py: the corpus's preparation steps; wmt_data.py: the archives (download, extraction);
-  text.py: tokenize, clean, lowercase, sentencepiece;
+- corpus.py: a corpus's preparation commands and settings (the rules' params); prepare.py: its
+  preparation steps; toy_corpus.py: the demo's generated pair; wmt_data.py: the archives
+  (download, extraction); text.py: tokenize, clean, lowercase, sentencepiece;
 - scoring.py: SacreBLEU and tokenized BLEU; rerank.py: GNMT's length penalty by reranking an
   n-best list; report.py: the studies' reports; schema_doc.py: recipes/README.md's reference.
 

@@ -5,7 +5,6 @@ recipes/rules/prepare.smk, each step's settings a JSON object (the rule's params
     python fairseq_posenc/recipe/prepare.py tokenize --data data/wmt14_en_de --settings JSON
     python fairseq_posenc/recipe/prepare.py segment  --data data/wmt14_en_de --settings JSON
     python fairseq_posenc/recipe/prepare.py binarize --data data/wmt14_en_de --settings JSON
-    python fairseq_posenc/recipe/prepare.py toy --out DIR --settings JSON
     python fairseq_posenc/recipe/prepare.py length-split --data DATA --out DIR --settings JSON --corpus JSON
 
 WMT (prepare-wmt14en2*.sh): Moses' punctuation normalisation, non-printing characters to spaces
@@ -69,78 +68,6 @@ def _filter(cmd: List[str], src: str, dst: str):
 def _lines(path: str) -> int:
     with open(path, "rb") as f:
         return sum(1 for _ in f)
-
-
-# ------------------------------------------------------------------------------------------------
-class Corpus:
-    """What the rules of a corpus need when the workflow is parsed: its files and each step's settings."""
-
-    def __init__(self, study):
-        c = study.config["corpus"]
-        self.study, self.style = study, study.facts["style"]
-        self.langs = (study.src, study.tgt)
-        self.data = study.data
-        self.workers = int(c["workers"])
-        self.sources = c.get("sources") or os.path.join(ROOT, "recipes", c["name"], "sources")
-        self.valid = c.get("valid") or study.facts["valid"]
-        if self.valid not in ("split", study.facts["valid_name"]):
-            raise ValueError(f"corpus.valid {self.valid}: split (every {study.facts['valid_every']}th training "
-                             f"pair, as fairseq) or {study.facts['valid_name']}")
-        self.has_valid = self.style == "wmt" and self.valid != "split"
-        self.bpe = c["bpe"]
-        self.bpe_size = c.get("bpe_size") or study.facts["bpe_size"]
-
-    @classmethod
-    def of(cls, study):
-        from .workflow import ConfigError
-
-        try:
-            return cls(study)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-
-    def _archives(self):
-        from .wmt_data import read_sources
-
-        return read_sources(self.sources, *self.langs)
-
-    def archive_paths(self) -> List[str]:
-        from .wmt_data import archive_path
-
-        return [archive_path(self.study.config["corpus"]["archives"], a.file) for a in self._archives()[0]]
-
-    def _common(self) -> List[str]:
-        return ["--sources", self.sources, "--raw-dir", self.study.config["corpus"]["archives"],
-                "--src", self.langs[0], "--tgt", self.langs[1]]
-
-    def fetch_command(self) -> List[str]:
-        c = self.study.config["corpus"]
-        return (["fetch", *self._common()] + ([] if c["download"] else ["--no-download"])
-                + ([] if c["verify_checksums"] else ["--no-verify"]) + (["--mirror", c["mirror"]] if c["mirror"] else []))
-
-    def extract_command(self) -> List[str]:
-        return ["extract", *self._common(), "--out-dir", os.path.join(self.data, "raw")]
-
-    def settings(self) -> Dict:
-        return {"style": self.style, "src": self.langs[0], "tgt": self.langs[1]}
-
-    def settings_json(self) -> str:
-        return json.dumps({**self.settings(), "bpe": self.bpe}, sort_keys=True)
-
-    def tokenize_settings(self) -> str:
-        return json.dumps({**self.settings(), "splits": ["train", "valid", "test"] if self.has_valid
-                           else ["train", "test"]}, sort_keys=True)
-
-    def segment_settings(self) -> str:
-        return json.dumps({**self.settings(), "bpe": self.bpe, "bpe_size": self.bpe_size, "valid": self.valid,
-                           "valid_every": self.study.facts["valid_every"],
-                           "max_len": 175 if self.style == "iwslt" else 250}, sort_keys=True)
-
-    def binarize_settings(self) -> str:
-        return json.dumps({**self.settings(), "joined_dictionary": self.style != "iwslt"}, sort_keys=True)
-
-    def bpe_model(self) -> str:
-        return os.path.join(self.data, "bpe", "spm.model" if self.bpe == "sentencepiece" else "code")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -264,23 +191,6 @@ def binarize(data: str, s: Dict, workers: int):
     os.replace(tmp, dest)
 
 
-def toy(out: str, s: Dict):
-    sys.path.insert(0, ROOT)
-    from fairseq_posenc import pipeline, toy_data
-
-    top = max(s["long_max_len"], s["train_max_len"] + 1)
-    splits = {"train": (s["train_size"], 3, s["train_max_len"]), "valid": (200, 3, s["train_max_len"]),
-              "test": (s["test_size"], 3, top)}
-    print(f"| writing the {s['pair']} toy corpus to {out}/raw: train {s['train_size']} pairs of 3-{s['train_max_len']} "
-          f"words, test {s['test_size']} pairs of 3-{top} words", flush=True)
-    prefixes = toy_data.write_toy_corpus(os.path.join(out, "raw"), splits, seed=s["seed"], pair=s["pair"])
-    tmp = os.path.join(out, "data-bin.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    pipeline.preprocess(prefixes, tmp)
-    shutil.rmtree(os.path.join(out, "data-bin"), ignore_errors=True)
-    os.replace(tmp, os.path.join(out, "data-bin"))
-
-
 def length_split(data: str, out: str, s: Dict, c: Dict, workers: int):
     """The extrapolation study's split (FLOATER Sec. 4.3): train and validate on the pairs whose
     source is shorter than train_below (counted in subwords, or in words before BPE), test on the
@@ -333,9 +243,6 @@ def main(argv=None):
         if name == "length-split":
             p.add_argument("--out", required=True, help="where the split goes")
             p.add_argument("--corpus", required=True, help="the corpus's settings (JSON)")
-    p = sub.add_parser("toy")
-    p.add_argument("--out", required=True)
-    p.add_argument("--settings", required=True)
     args = parser.parse_args(argv)
     settings = json.loads(args.settings)
     try:
@@ -345,8 +252,6 @@ def main(argv=None):
             segment(args.data, settings, args.workers)
         elif args.command == "binarize":
             binarize(args.data, settings, args.workers)
-        elif args.command == "toy":
-            toy(args.out, settings)
         else:
             length_split(args.data, args.out, settings, json.loads(args.corpus), args.workers)
     except (PrepareError, OSError, ValueError) as e:

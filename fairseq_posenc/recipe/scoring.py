@@ -50,7 +50,7 @@ from typing import List, Optional
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
-from fairseq_posenc.pipeline import parse_generate_output  # noqa: E402
+from fairseq_posenc.generation import parse_generate_output  # noqa: E402
 
 try:
     from .text import detokenize_line, read_file

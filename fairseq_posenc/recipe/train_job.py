@@ -37,6 +37,10 @@ from typing import List, Optional, Tuple
 WHOLE_FILE_LIMIT = 64 << 20  # larger files: their size and first and last 4 MB
 PART = 4 << 20
 TRAINING_DATA = ("dict.*", "train.*", "valid.*")  # what fairseq-train reads of a data-bin
+# the seconds fairseq-train ran in a checkpoint directory, kept there: a job run again that trains
+# nothing writes the same record as before (Snakemake then runs nothing after it: the record's
+# checksum is the same)
+SECONDS = "train_seconds.json"
 
 
 class JobError(Exception):
@@ -135,7 +139,7 @@ def run(args, command: List[str]) -> dict:
     budget = describe(args.max_update, args.max_epoch)
     if not budget:
         raise JobError("no budget: give --max-update or --max-epoch (fairseq-train would never stop)")
-    trained, seconds = "before", 0.0
+    seconds = 0.0
     done = read_progress(last) if os.path.isfile(last) else None
     state = reached(done, args.max_update, args.max_epoch) if done else ""
     if state == "past":
@@ -155,7 +159,7 @@ def run(args, command: List[str]) -> dict:
             log.flush()
             code = subprocess.call(full, stdout=log, stderr=subprocess.STDOUT)
         seconds = time.time() - began
-        trained = "now"
+        _add_seconds(save_dir, seconds)
         done = read_progress(last) if os.path.isfile(last) else None
         state = reached(done, args.max_update, args.max_epoch) if done else ""
         tail = _tail(os.path.join(save_dir, "train.log"))
@@ -176,7 +180,7 @@ def run(args, command: List[str]) -> dict:
     record = {"checkpoints": save_dir, "hash": os.path.basename(save_dir), "keyed": keyed,
               "software": json.loads(args.software) if args.software else {},
               "budget": {"max_update": args.max_update, "max_epoch": args.max_epoch},
-              "updates": done[0], "epochs": done[1], "trained": trained, "train_seconds": round(seconds, 1),
+              "updates": done[0], "epochs": done[1], "train_seconds": round(_seconds(save_dir), 1),
               "command": command}
     tmp = f"{args.record}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -184,6 +188,22 @@ def run(args, command: List[str]) -> dict:
     os.replace(tmp, args.record)
     print(f"| {args.record}: update {done[0]}, epoch {done[1]} ({budget})", flush=True)
     return record
+
+
+def _seconds(save_dir: str) -> float:
+    """The seconds fairseq-train has run in ``save_dir``, over every run that trained there."""
+    try:
+        with open(os.path.join(save_dir, SECONDS), encoding="utf-8") as f:
+            return float(json.load(f)["seconds"])
+    except (OSError, ValueError, KeyError):
+        return 0.0
+
+
+def _add_seconds(save_dir: str, seconds: float):
+    path = os.path.join(save_dir, SECONDS)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"seconds": _seconds(save_dir) + seconds}, f)
+    os.replace(path + ".tmp", path)
 
 
 def _link(link: str, target: str):

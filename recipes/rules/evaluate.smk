@@ -9,7 +9,8 @@ def _average_count(wildcards):
 
 rule average:
     input:
-        MODEL_DIR + "/trained.json",
+        record=MODEL_DIR + "/trained.json",
+        scripts=scripts(f"{SCRIPTS}/average_checkpoints.py"),
     output:
         MODEL_DIR + "/averaged.pt",
     params:
@@ -18,7 +19,7 @@ rule average:
     wildcard_constraints:
         seed=r"\d+",
     shell:
-        "{PY} {SCRIPTS}/average_checkpoints.py --inputs $(dirname {input})/checkpoints "
+        "{PY} {SCRIPTS}/average_checkpoints.py --inputs $(dirname {input.record})/checkpoints "
         "--num-{params.kind}-checkpoints {params.number} --output {output} > {output}.log 2>&1 "
         "|| {{ tail -20 {output}.log >&2; exit 1; }}"
 
@@ -27,7 +28,8 @@ rule label:
     # the report's name of the model, read from its averaged checkpoint (fairseq_posenc/labels.py);
     # FLOATER's control is the sinusoidal model trained on: its row says so
     input:
-        MODEL_DIR + "/averaged.pt",
+        checkpoint=MODEL_DIR + "/averaged.pt",
+        scripts=scripts(os.path.join(REPO, "fairseq_posenc", "labels.py")),
     output:
         MODEL_DIR + "/label.txt",
     params:
@@ -35,7 +37,7 @@ rule label:
     wildcard_constraints:
         seed=r"\d+",
     shell:
-        "label=$({PY} -m fairseq_posenc.labels {input}) && "
+        "label=$({PY} -m fairseq_posenc.labels {input.checkpoint}) && "
         "case '{params.role}' in "
         "  '') echo \"$label\" ;; "
         "  {wf.CONTROL}) [ \"$label\" = sinusoidal ] || {{ echo \"control: $label, not sinusoidal\" >&2; exit 1; }}; "
@@ -48,6 +50,7 @@ rule decode:
     input:
         checkpoint=MODEL_DIR + "/averaged.pt",
         data=STUDY.data_bin(),
+        scripts=scripts(f"{RECIPE_PY}/rerank.py") if STUDY.evaluate["lenpen_form"] == "gnmt" else [],
     output:
         MODEL_DIR + "/test.txt",
     log:
@@ -71,7 +74,8 @@ rule decode:
 rule detok:
     # H- and T- lines as detokenized words for the length report; S- lines stay in the bins' unit
     input:
-        MODEL_DIR + "/test.txt",
+        generation=MODEL_DIR + "/test.txt",
+        scripts=scripts(f"{RECIPE_PY}/scoring.py"),
     output:
         MODEL_DIR + "/test.detok.txt",
     params:
@@ -80,7 +84,7 @@ rule detok:
     wildcard_constraints:
         seed=r"\d+",
     shell:
-        "{PY} {RECIPE_PY}/scoring.py detok-generation --generation {input} --lang {params.lang} --bpe {params.bpe} "
+        "{PY} {RECIPE_PY}/scoring.py detok-generation --generation {input.generation} --lang {params.lang} --bpe {params.bpe} "
         "--out {output}"
 
 
@@ -91,6 +95,7 @@ rule score:
     input:
         generation=MODEL_DIR + "/test.txt",
         label=MODEL_DIR + "/label.txt",
+        scripts=scripts(f"{RECIPE_PY}/scoring.py"),
     output:
         lines=MODEL_DIR + "/score.txt",
         json=MODEL_DIR + "/score.json",

@@ -26,6 +26,7 @@ rule study_config:
 rule results:
     input:
         [d + "/score.txt" for d in EVALUATED],
+        scripts=scripts(f"{RECIPE_PY}/report.py"),
     output:
         OUT + "/results.txt",
     params:
@@ -38,6 +39,7 @@ rule length_report:
     input:
         study=STUDY_JSON,
         files=[d + f for d in EVALUATED for f in ("/test.detok.txt", "/label.txt", "/test.log")],
+        scripts=scripts(f"{RECIPE_PY}/report.py"),
     output:
         OUT + "/bleu_by_length.md",
         OUT + "/bleu_by_length.json",
@@ -52,6 +54,7 @@ rule demo_report:
     input:
         study=STUDY_JSON,
         files=[d + f for d in EVALUATED for f in ("/test.txt", "/label.txt", "/averaged.pt", "/trained.json")],
+        scripts=scripts(f"{RECIPE_PY}/report.py"),
     output:
         OUT + "/results.md",
         OUT + "/results.json",

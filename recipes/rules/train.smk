@@ -47,7 +47,7 @@ def _same_as():
 
 def _train_inputs(wildcards):
     model = _model(wildcards)
-    inputs = {"data": STUDY.data_bin()}
+    inputs = {"data": STUDY.data_bin(), "scripts": scripts(f"{RECIPE_PY}/train_job.py")}
     if model.start:
         inputs["start"] = os.path.join(STUDY.model_dir(STUDY.model(model.start, model.seed)), "trained.json")
     if model.teacher:
