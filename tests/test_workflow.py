@@ -328,7 +328,9 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
             ["bash", os.path.join(REPO, "recipes", "run.sh"), files[0],
              *[os.path.join(conf, f + ".yaml") for f in files[1:]], "-n", "--cores", "1"],
             cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PATH": f"{os.environ['PATH']}:{os.path.dirname(sys.executable)}"})
+            # a machine of two GPUs (a stand-in nvidia-smi)
+            env={**{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
+                 "PATH": f"{STUBS}/gpu:{os.environ['PATH']}:{os.path.dirname(sys.executable)}"})
     outs = {name: proc.communicate(timeout=600)[0] for name, proc in procs.items()}
     for name, out in outs.items():
         assert procs[name].returncode == 0, f"{name}:\n{out[-3000:]}"
@@ -350,3 +352,7 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     assert stats["wmt14_en_de"]["download"] == str(len(archives)) == "5"
     assert stats["extrapolation"]["length_split"] == "1"
     assert "nodes=2, tasks=2, mpi=srun" in outs["floater_table2_big_2x8"]
+    # run here, at most two GPUs' jobs at once: a training or a decode holds one (the demo's none)
+    assert all("--resources gpus=2 -n" in out for out in outs.values())
+    held = re.findall(r"^\s*resources: .*?gpus=(\d+)", outs["iwslt14_de_en"], re.M)
+    assert held == ["1"] * 18 and set(re.findall(r"gpus=(\d+)", outs["demo"].split("--resources")[1])) == {"2", "0"}

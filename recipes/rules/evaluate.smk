@@ -61,6 +61,7 @@ rule decode:
         rerank=f"--form gnmt --alpha {STUDY.evaluate['lenpen']} --beam {STUDY.evaluate['beam']}",
     threads: int(STUDY.train["threads"])
     resources:
+        gpus=1 if GPU else 0,  # one GPU where Snakemake runs the jobs itself (train.smk)
         gres="gpu:1" if GPU else None,
     wildcard_constraints:
         seed=r"\d+",

@@ -94,6 +94,10 @@ rule train:
         seed=r"\d+",
     threads: int(STUDY.train["threads"])
     resources:
+        # the GPUs it holds where Snakemake runs the jobs itself: recipes/run.sh passes the machine's
+        # count (--resources gpus=N), so that no more trainings and decodes run at once than there are
+        # GPUs (SLURM gives each job its own: gres)
+        gpus=int(STUDY.train["gpus_per_node"]) if GPU else 0,
         # several nodes: one job whose shell starts fairseq-train with srun, a task a node (fairseq
         # spawns a process per GPU); the SLURM executor reads nodes, tasks, mpi and gres
         nodes=NODES if NODES > 1 else None,
