@@ -121,25 +121,58 @@ def test_a_chosen_batch_states_its_exact_deviation():
     assert train_plan.batch_for(None, 64) == (512, 1, 0.0)
 
 
+BASE = {"model.encoder_embed_dim": 512, "model.encoder_ffn_embed_dim": 2048, "model.encoder_layers": 6,
+        "model.decoder_embed_dim": 512, "model.decoder_ffn_embed_dim": 2048, "model.decoder_layers": 6}
+
+
 def test_a_models_plan_counts_fairseqs_batches_and_the_checkpoints_it_averages(en_fr_like):
     # 8 GPUs at 4096 tokens each: 38 batches of 1000 tokens an epoch... here at --max-tokens 1000 on
     # one process, update-freq 2: 19 updates an epoch; 100 updates end mid-epoch 6
     config = {"dataset.max_tokens": 1000, "optimization.update_freq": [2], "optimization.max_update": 100,
-              "distributed_training.distributed_world_size": 1, "checkpoint.save_interval_updates": 15}
-    plan = train_plan.model_plan(en_fr_like, config, "base", "", 5, False, 25000.0, 1)
+              "distributed_training.distributed_world_size": 1, "checkpoint.save_interval_updates": 15, **BASE}
+    plan = train_plan.model_plan(en_fr_like, config, 5, False, 25000.0)
     assert plan["lines"][0] == "tokens per update: 1000 x 1 process(es) x update-freq 2 = 2000 padded tokens at most"
     assert "updates per epoch: 19" in plan["lines"][1] and plan["lines"][2] == "ends at update 100 (5.26 epochs, --max-update)"
     # 15, 30, ... 90, none at an epoch's end (19 x k): the last 5
     assert plan["lines"][3] == "averaged: updates 30, 45, 60, 75, 90 (checkpoints every 15)"
-    assert plan["updates"] == 100 and plan["disk"] == 8 * train_plan.parameters("base", 100) * 12
+    # Transformer base, 100 embedding rows: the embeddings and 6 + 6 layers
+    assert train_plan.parameters(config, 100) == 100 * 512 + 6 * 3_152_384 + 6 * 4_204_032
+    assert plan["updates"] == 100 and plan["disk"] == 8 * train_plan.parameters(config, 100) * 12
     # 100 updates x 1520 x 25 / 19 target tokens an update / 25000 a second
     assert plan["gpu_hours"] == pytest.approx(100 * (1520 * 25 / 19) / 25000 / 3600)
     config["optimization.max_update"], config["optimization.max_epoch"] = 0, 2
-    plan = train_plan.model_plan(en_fr_like, config, "base", "", 5, False, None, 1)
+    plan = train_plan.model_plan(en_fr_like, config, 5, False, None)
     assert plan["updates"] == 38 and plan["lines"][3].startswith("WARNING: 2 interval checkpoints every 15 updates")
     # before the corpus is prepared: the budget alone
-    plan = train_plan.model_plan(en_fr_like + "/missing", config, "base", "", 5, False, None, 1)
+    plan = train_plan.model_plan(en_fr_like + "/missing", config, 5, False, None)
     assert plan["updates"] is None and "once " in plan["lines"][1]
+
+
+def test_gpu_hours_are_the_same_on_16_gpus_and_the_time_is_a_sixteenth(en_fr_like):
+    """tokens_per_second is a GPU's: the same 100 updates of 2000 tokens take the same GPU-hours on
+    1 GPU (1000 x update-freq 2) and on 16 (125 tokens each), in a sixteenth of the time."""
+    one = {"dataset.max_tokens": 1000, "optimization.update_freq": [2], "optimization.max_update": 100,
+           "distributed_training.distributed_world_size": 1, "checkpoint.save_interval_updates": 15, **BASE}
+    sixteen = {**one, "dataset.max_tokens": 125, "optimization.update_freq": [1],
+               "distributed_training.distributed_world_size": 16}
+    plans = [train_plan.model_plan(en_fr_like, config, 5, False, 25000.0) for config in (one, sixteen)]
+    hours = 100 * (1520 * 25 / 19) / 25000 / 3600
+    assert [p["gpu_hours"] for p in plans] == pytest.approx([hours, hours])
+    assert plans[1]["lines"][-1].startswith(f"time: {hours / 16:.1f} h on 16 GPU(s) at 25,000 target tokens")
+    assert f"({hours:.1f} GPU-hours;" in plans[1]["lines"][-1]
+
+
+def test_before_the_corpus_is_prepared_the_plan_is_estimated_from_its_published_size(en_fr_like):
+    config = {"dataset.max_tokens": 1000, "optimization.update_freq": [2], "optimization.max_update": 0,
+              "optimization.max_epoch": 2, "distributed_training.distributed_world_size": 1,
+              "checkpoint.save_interval_updates": 15, **BASE}
+    estimate = train_plan.CorpusEstimate(pairs=1520, target_tokens_per_pair=25, vocab=100, source="the test's")
+    plan = train_plan.model_plan(en_fr_like + "/missing", config, 5, False, 25000.0, estimate=estimate)
+    # 1520 x 25 target tokens an epoch, an update of 2000 padded tokens holds ~1526 of them: 25 an epoch
+    assert plan["lines"][1].startswith("updates per epoch: ~25 (an estimate: 1,520 pairs (the test's) of ~25 target")
+    assert plan["updates"] == 50 and plan["disk"] == 8 * train_plan.parameters(config, 100) * 12
+    assert plan["gpu_hours"] == pytest.approx(50 * 2000 * 25000 / 32768 / 25000 / 3600)
+    assert all(line.endswith("(estimated)") for line in plan["lines"][2:] if line.startswith(("ends", "disk", "time")))
 
 
 def test_preparing_a_corpus_is_refused_when_its_estimate_does_not_fit(tmp_path, run, monkeypatch):

@@ -245,6 +245,11 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
         "models.baseline rope is not among models.encodings")
     assert refused({"train": {"encoding_flags": {"floatr": ["--floater-step", "0.1"]}}}).startswith(
         "train.encoding_flags floatr: 'floatr' is not a position encoding; choose among sinusoidal, learned")
+    # the schema: train.tokens_per_second is a number, auto or null
+    from snakemake.exceptions import WorkflowError
+
+    with pytest.raises(WorkflowError, match="'fast' does not match '\\^auto\\$'"):
+        refused({"train": {"tokens_per_second": "fast"}})
     # an argument fairseq-train refuses: its parser's own message, in the dry run
     proc = snakemake(work, study(train__flags=["--no-such-flag"]), "-n")
     assert proc.returncode != 0 and "fairseq-train would refuse its arguments" in proc.stdout + proc.stderr
@@ -352,6 +357,12 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     assert stats["wmt14_en_de"]["download"] == str(len(archives)) == "5"
     assert stats["extrapolation"]["length_split"] == "1"
     assert "nodes=2, tasks=2, mpi=srun" in outs["floater_table2_big_2x8"]
+    # before anything is prepared, the plan's disk and GPU-hours are estimated from the corpus's
+    # published size (at Vaswani et al.'s speed, IWSLT's file's 25000 tokens a second)
+    for name, out in outs.items():
+        total = re.search(r"^\| plan total: .*$", out, re.M).group(0)
+        assert (name == "demo") != bool(re.search(r"of checkpoints, [\d.]+ GPU-hours \(estimated before the corpus "
+                                                   r"is prepared\)$", total)), total
     # run here, at most two GPUs' jobs at once: a training or a decode holds one (the demo's none)
     assert all("--resources gpus=2 -n" in out for out in outs.values())
     held = re.findall(r"^\s*resources: .*?gpus=(\d+)", outs["iwslt14_de_en"], re.M)

@@ -33,14 +33,14 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 
-ARCHS = {  # d_model, ffn, layers per side (Vaswani et al.'s base and big, fairseq's transformer_iwslt_de_en)
-    "base": (512, 2048, 6),
-    "big": (1024, 4096, 6),
-    "iwslt": (512, 1024, 6),
-}
-# about 10 minutes of training at Vaswani et al.'s step times on 8 P100s: base 100k steps in
-# 12 h (0.43 s a step: 1400 in 10 min, 1250 divides 100k), big 300k in 3.5 days (1.0 s: 600)
-SAVE_INTERVAL = {"base": 1250, "big": 600, "iwslt": 1000}
+# Vaswani et al.'s own speed, the GPU-hours' default (train.tokens_per_second auto): ~25k target
+# tokens an update (of 8 x 4096 padded tokens) on 8 P100s, base 100k updates in 12 hours, big 300k
+# in 3.5 days: about 7,200 and 3,100 target tokens a second a GPU. A newer GPU, fp16 and fairseq's
+# speed-ups go faster: set train.tokens_per_second from fairseq's wps in train.log
+PAPER_TOKENS_PER_SECOND = {"base": 100000 * 25000 / (12 * 3600 * 8), "big": 300000 * 25000 / (3.5 * 86400 * 8)}
+# target tokens in an update of padded tokens (Vaswani et al.: ~25k in 8 x 4096), where the
+# corpus is not prepared yet to count them
+TARGET_SHARE = 25000 / 32768
 TOKENS_PER_UPDATE = 8 * 4096
 # a checkpoint holds the weights (4 bytes each in fp32, 2 under --fp16) and Adam's two fp32
 # moments: 12 bytes a parameter is the upper bound
@@ -177,22 +177,20 @@ def interval_checkpoints(end: int, interval: int, per_epoch: int) -> List[int]:
     return [u for u in range(interval, end + 1, interval) if u % per_epoch]
 
 
-def parameters(arch: str, vocab: int, model_flags: str = "") -> int:
-    """Parameters of a post-LN Transformer with all embeddings shared (the position encodings'
-    own few parameters left out): an estimate for the disk figures."""
-    d, ffn, layers = ARCHS[arch]
-    sizes = {"--encoder-embed-dim": d, "--encoder-ffn-embed-dim": ffn, "--encoder-layers": layers,
-             "--decoder-layers": layers}
-    words = model_flags.split()
-    for flag, value in zip(words, words[1:]):
-        if flag in sizes and value.isdigit():
-            sizes[flag] = int(value)
-    d, ffn = sizes["--encoder-embed-dim"], sizes["--encoder-ffn-embed-dim"]
-    attention = 4 * d * d + 4 * d
-    feed_forward = 2 * d * ffn + ffn + d
-    encoder_layer = attention + feed_forward + 2 * 2 * d
-    decoder_layer = 2 * attention + feed_forward + 3 * 2 * d
-    return vocab * d + sizes["--encoder-layers"] * encoder_layer + sizes["--decoder-layers"] * decoder_layer
+def parameters(config: Dict, vocab: int) -> int:
+    """Parameters of the post-LN Transformer of a resolved configuration (its sizes: the
+    architecture's defaults and the study's flags applied), ``vocab`` embedding rows (the
+    position encodings' own few parameters left out): an estimate for the disk figures."""
+    def size(side, name):
+        return int(config[f"model.{side}_{name}"])
+
+    total = vocab * size("encoder", "embed_dim")
+    for side, attentions in (("encoder", 1), ("decoder", 2)):
+        d, ffn = size(side, "embed_dim"), size(side, "ffn_embed_dim")
+        attention = 4 * d * d + 4 * d
+        layer = attentions * attention + 2 * d * ffn + ffn + d + (attentions + 1) * 2 * d
+        total += size(side, "layers") * layer
+    return total
 
 
 def same_dictionary(data_bin: str, src: str, tgt: str) -> bool:
@@ -311,64 +309,85 @@ def main(argv: Optional[List[str]] = None):
 
 # ------------------------------------------------------------------------------------------------
 # the workflow's plan (recipes/rules/train.smk): once per distinct model, then the totals
-def model_plan(data_bin: str, config: Dict, arch: str, model_flags: str, average: int, epoch_checkpoints: bool,
-               tokens_per_second: Optional[float], gpus: int, keeps_three: bool = False) -> Dict:
+@dataclass
+class CorpusEstimate:
+    """What a corpus holds before it is prepared (its published size): for the plan of a first dry run."""
+    pairs: int
+    target_tokens_per_pair: float
+    vocab: int  # embedding rows: the joint dictionary, or both of two
+    source: str  # where the pair count comes from
+
+    def describe(self) -> str:
+        return (f"an estimate: {self.pairs:,} pairs ({self.source}) of ~{self.target_tokens_per_pair:g} target "
+                f"subwords, {self.vocab:,} embedding rows; exact once the corpus is prepared")
+
+
+def model_plan(data_bin: str, config: Dict, average: int, epoch_checkpoints: bool,
+               tokens_per_second: Optional[float], keeps_three: bool = False,
+               estimate: Optional[CorpusEstimate] = None) -> Dict:
     """What one model's training takes, from its resolved fairseq configuration: tokens per
     update, updates per epoch (fairseq's own batches of the binarized training set, where it is
-    prepared), where it stops, the checkpoints averaged, disk and GPU-hours."""
+    prepared; else ``estimate``), where it stops, the checkpoints averaged, disk and GPU-hours."""
     max_tokens = int(config.get("dataset.max_tokens") or 0)
     update_freq = int((config.get("optimization.update_freq") or [1])[0])
     world = int(config.get("distributed_training.distributed_world_size") or 1)
     max_update = config.get("optimization.max_update") or None
     max_epoch = config.get("optimization.max_epoch") or None
     interval = int(config.get("checkpoint.save_interval_updates") or 0)
+    per_update = max_tokens * world * update_freq
     lines = [f"tokens per update: {max_tokens} x {world} process(es) x update-freq {update_freq} = "
-             f"{max_tokens * world * update_freq} padded tokens at most"]
+             f"{per_update} padded tokens at most"]
     out = {"updates": None, "disk": None, "gpu_hours": None, "lines": lines}
-    if not glob_train(data_bin):
+    guess = ""
+    if glob_train(data_bin):
+        src, tgt = training_pair(data_bin)
+        src_sizes, tgt_sizes = dataset_sizes(data_bin, src, tgt)
+        batches, padded = batch_layout(src_sizes, tgt_sizes, max_tokens)
+        per_epoch = updates_per_epoch(batches, world, update_freq)
+        target_per_update = int(tgt_sizes.sum()) / per_epoch
+        lines.append(f"training set: {len(src_sizes)} pairs, {batches} batches of --max-tokens {max_tokens}; "
+                     f"updates per epoch: {per_epoch}")
+        vocab = dictionary_size(data_bin, src) + (0 if same_dictionary(data_bin, src, tgt)
+                                                  else dictionary_size(data_bin, tgt))
+    elif estimate:
+        target_per_update = per_update * TARGET_SHARE
+        per_epoch = max(1, round(estimate.pairs * estimate.target_tokens_per_pair / target_per_update))
+        vocab, guess = estimate.vocab, f" ({estimate.describe()})"
+        lines.append(f"updates per epoch: ~{per_epoch}{guess}")
+    else:
         budget = " or ".join(x for x in (max_update and f"update {max_update}", max_epoch and f"epoch {max_epoch}") if x)
         lines.append(f"ends at {budget}; updates per epoch, checkpoints and disk once {data_bin} is prepared")
         out["updates"] = max_update if max_update and not max_epoch else None
         return out
-    src, tgt = training_pair(data_bin)
-    src_sizes, tgt_sizes = dataset_sizes(data_bin, src, tgt)
-    batches, padded = batch_layout(src_sizes, tgt_sizes, max_tokens)
-    per_epoch = updates_per_epoch(batches, world, update_freq)
     end = stage_end(Stage("train", max_update, max_epoch), per_epoch)
-    lines.append(f"training set: {len(src_sizes)} pairs, {batches} batches of --max-tokens {max_tokens}; "
-                 f"updates per epoch: {per_epoch}")
     lines.append(f"ends at update {end} ({end / per_epoch:.2f} epochs, "
-                 f"{'--max-update' if end == max_update else '--max-epoch'})")
-    vocab = dictionary_size(data_bin, src)
-    if not same_dictionary(data_bin, src, tgt):
-        vocab += dictionary_size(data_bin, tgt)
-    size = parameters(arch, vocab, model_flags) * BYTES_PER_PARAM if arch in ARCHS else 0
+                 f"{'--max-update' if end == max_update else '--max-epoch'}){' (estimated)' if guess else ''}")
+    size = parameters(config, vocab) * BYTES_PER_PARAM
     if epoch_checkpoints:
-        epochs = end // per_epoch
-        lines.append(f"averaged: the last {average} of {epochs} epoch checkpoints")
+        lines.append(f"averaged: the last {average} of {end // per_epoch} epoch checkpoints")
         kept = average + 2
     elif keeps_three:
         lines.append("keeps checkpoint_best.pt, checkpoint_last.pt and its last interval checkpoint (a start)")
         kept = 3
     else:
         saved = interval_checkpoints(end, interval, per_epoch) if interval else []
-        averaged = saved[-average:]
         if len(saved) < average:
             lines.append(f"WARNING: {len(saved)} interval checkpoints every {interval} updates: too few to average "
                          f"the last {average}; lower save_interval_updates or evaluate.average, or train longer")
         else:
-            lines.append(f"averaged: updates {', '.join(map(str, averaged))} (checkpoints every {interval})")
+            lines.append(f"averaged: updates {', '.join(map(str, saved[-average:]))} (checkpoints every {interval})")
         kept = average + 3
     out["updates"] = end
-    if size:
-        out["disk"] = kept * size
-        lines.append(f"disk: about {human_bytes(kept * size)} ({human_bytes(size)} a checkpoint with Adam's state)")
+    out["disk"] = kept * size
+    lines.append(f"disk: about {human_bytes(kept * size)} ({human_bytes(size)} a checkpoint with Adam's state)"
+                 + (" (estimated)" if guess else ""))
     if tokens_per_second:
-        seconds = end * (int(tgt_sizes.sum()) / per_epoch) / tokens_per_second
-        out["gpu_hours"] = seconds / 3600 * gpus
-        lines.append(f"time: {seconds / 3600:.1f} h on {gpus} GPU(s) at {tokens_per_second:g} target tokens a second a "
-                     f"GPU ({out['gpu_hours']:.1f} GPU-hours; an assumption: set train.tokens_per_second from "
-                     "fairseq's wps)")
+        # tokens_per_second is a GPU's: the updates' target tokens over it are GPU-seconds, shared by the world
+        gpu_hours = end * target_per_update / tokens_per_second / 3600
+        out["gpu_hours"] = gpu_hours
+        lines.append(f"time: {gpu_hours / world:.1f} h on {world} GPU(s) at {tokens_per_second:,.0f} target tokens a "
+                     f"second a GPU ({gpu_hours:.1f} GPU-hours; an assumption: set train.tokens_per_second from "
+                     f"fairseq's wps){' (estimated)' if guess else ''}")
     return out
 
 
@@ -384,7 +403,7 @@ def print_study_plan(study, resolved: Dict[str, tuple], stream=None):
     stream = stream or sys.stderr
     seen, totals = {}, {"updates": 0, "disk": 0, "gpu_hours": 0.0}
     unknown = []
-    gpus = study.world() if study.train["device"] == "gpu" else 0
+    estimate = study.corpus_estimate()
     for model in study.models:
         config, config_id = resolved[model.key]
         key = (config_id, model.start, model.teacher)
@@ -393,11 +412,9 @@ def print_study_plan(study, resolved: Dict[str, tuple], stream=None):
                   "and finds its checkpoints)", file=stream)
             continue
         seen[key] = model.key
-        model_flags = " ".join(map(str, study.train.get("model_flags", [])))
         try:
-            plan = model_plan(study.data_bin(), config, study.arch, model_flags, study.average(model),
-                              study.evaluate["checkpoints"] == "epoch", study.train.get("tokens_per_second"),
-                              max(gpus, 1), keeps_three=model.kind == "vanilla")
+            plan = model_plan(study.data_bin(), config, study.average(model), study.evaluate["checkpoints"] == "epoch",
+                              study.tokens_per_second(model), keeps_three=model.kind == "vanilla", estimate=estimate)
         except PlanError as e:
             raise PlanError(f"{model.key}: {e}") from None
         print(f"| plan {model.key} (configuration {config_id}):", file=stream)
@@ -413,6 +430,8 @@ def print_study_plan(study, resolved: Dict[str, tuple], stream=None):
         line += f", about {human_bytes(totals['disk'])} of checkpoints"
     if totals["gpu_hours"]:
         line += f", {totals['gpu_hours']:.1f} GPU-hours"
+    if estimate and not glob_train(study.data_bin()) and (totals["disk"] or totals["gpu_hours"]):
+        line += " (estimated before the corpus is prepared)"
     print(line, file=stream)
 
 

@@ -53,19 +53,27 @@ ARCHS = {
     "iwslt": Arch("iwslt_de_en", dropout=0.3, lr=5e-4, max_update=50000, average=10, save_interval_updates=1000),
 }
 #: what every corpus recipe knows of its corpus: languages, the official validation and test
-#: sets, fairseq's split of the training pairs, and how fairseq's own scripts prepare it
+#: sets, fairseq's split of the training pairs, how fairseq's own scripts prepare it, and its
+#: published size (training pairs by the languages of the pair; the plan's estimate before the
+#: corpus is prepared): WMT14 by Vaswani et al. (4.5M En-De, 36M En-Fr), WMT18 by its parts
+#: (Europarl v7, Common Crawl, News Commentary v13: about 4.6M de-en, 1.0M cs-en), IWSLT'14 by
+#: fairseq's examples/translation (160k)
 CORPORA = {
     "wmt14_en_de": dict(pair="en-de", valid_name="newstest2013", test_name="newstest2014", valid_every=100,
-                        bpe_size=40000, valid="split", style="wmt"),
+                        bpe_size=40000, valid="split", style="wmt", train_pairs={"de-en": 4_500_000}),
     "wmt14_en_fr": dict(pair="en-fr", valid_name="newstest2013", test_name="newstest2014", valid_every=1333,
-                        bpe_size=40000, valid="split", style="wmt"),
+                        bpe_size=40000, valid="split", style="wmt", train_pairs={"en-fr": 36_000_000}),
     "wmt18": dict(pair="en-de", valid_name="newstest2017", test_name="newstest2018", valid_every=100,
-                  bpe_size=40000, valid="newstest2017", style="wmt", pairs=("en-de", "de-en", "en-cs", "cs-en")),
+                  bpe_size=40000, valid="newstest2017", style="wmt", pairs=("en-de", "de-en", "en-cs", "cs-en"),
+                  train_pairs={"de-en": 4_600_000, "cs-en": 1_000_000}),
     "iwslt14_de_en": dict(pair="de-en", valid_name="split", test_name="dev2010_dev2012_tst2010-2012",
-                          valid_every=23, bpe_size=10000, valid="split", style="iwslt"),
+                          valid_every=23, bpe_size=10000, valid="split", style="iwslt", train_pairs={"de-en": 160_000}),
     "toy": dict(pair="src-tgt", valid_name="valid", test_name="test", valid_every=0, bpe_size=0, valid="valid",
-                style="toy"),
+                style="toy", train_pairs={}),
 }
+# target subwords of a training pair, for the estimate: WMT's news and parliament text at 40k
+# BPE merges about 28, IWSLT's TED talks at 10k about 23 (assumptions; the prepared corpus is counted)
+TARGET_SUBWORDS = {"wmt": 28, "iwslt": 23}
 # building a model reseeds torch's global generator: one at a time, the state put back
 _TORCH_RNG = threading.Lock()
 
@@ -608,6 +616,30 @@ class Study:
         argv += self._split_flags(model) + self._start_flags(model, model.encoding)
         argv += self.device_flags()
         return argv + self._common_end(model, [])
+
+    def corpus_estimate(self):
+        """The corpus's published size (plan.CorpusEstimate) for the plan before it is prepared."""
+        from .plan import CorpusEstimate
+
+        pairs = self.facts["train_pairs"].get("-".join(sorted((self.src, self.tgt))))
+        if not pairs or self.config["corpus"].get("sources"):  # another sources file: another corpus
+            return None
+        bpe = self.config["corpus"].get("bpe_size") or self.facts["bpe_size"]
+        joined = self.facts["style"] != "iwslt"
+        return CorpusEstimate(pairs, TARGET_SUBWORDS[self.facts["style"]], bpe * (1 if joined else 2),
+                              f"{self.corpus_name}'s published size")
+
+    def tokens_per_second(self, model: "Model") -> Optional[float]:
+        """train.tokens_per_second, auto: Vaswani et al.'s P100 speed for base and big models
+        (plan.PAPER_TOKENS_PER_SECOND); none on CPUs."""
+        from .plan import PAPER_TOKENS_PER_SECOND
+
+        value = self.train.get("tokens_per_second", "auto")
+        if self.train["device"] == "cpu":
+            return None
+        if value == "auto":
+            return PAPER_TOKENS_PER_SECOND.get(self.model_arch(model))
+        return float(value) if value is not None else None
 
     def test_set(self) -> str:
         """What the test decode translates (the score lines' name of it): the corpus's test set, or
