@@ -131,3 +131,27 @@ def write_text_atomically(path: str, text: str):
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def length_distribution(path: str, train_below: int, bins: List[int]) -> List[str]:
+    """Lines on the token counts of ``path`` (one sentence a line, tokens separated by spaces):
+    percentiles, and how many pairs a short-to-long split at ``train_below`` with these ``bins``
+    (the extrapolation recipe's TRAIN_BELOW and BINS, the last bin open) trains on and tests."""
+    import numpy as np
+
+    with open(path, encoding="utf-8") as f:
+        lengths = np.array([len(line.split()) for line in f], dtype=np.int64)
+    if not len(lengths):
+        raise ValueError(f"{path} is empty")
+    qs = (50, 90, 95, 99, 99.9)
+    out = [f"{path}: {len(lengths)} sentences, mean {lengths.mean():.1f} tokens, longest {lengths.max()}; "
+           + ", ".join(f"{q:g}th percentile {int(np.percentile(lengths, q, method='lower'))}" for q in qs)]
+    short = int((lengths < train_below).sum())
+    out.append(f"shorter than {train_below} (trained on): {short} ({short / len(lengths):.2%})")
+    edges = list(bins) + [None]
+    for lo, hi in zip(edges, edges[1:]):
+        n = int(((lengths >= lo) & ((lengths < hi) if hi else True)).sum())
+        out.append(f"[{lo},{hi if hi else 'inf'}): {n} sentences (tested)")
+    if bins and bins[0] != train_below:
+        out.append(f"note: the first bin starts at {bins[0]}, not at {train_below}: the pairs between are in neither")
+    return out

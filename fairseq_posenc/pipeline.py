@@ -5,15 +5,16 @@ Every step is the command a user would type (``fairseq-preprocess``, ``fairseq-t
 fairseq. Output of each command goes to a log file; a failing command raises with its tail.
 """
 import os
-import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS_DIR = os.path.join(os.path.dirname(USER_DIR), "scripts")
+
+
+from .generation import Generation, parse_generate_output  # noqa: E402,F401  (fairseq-generate's output, read)
 
 
 class CommandFailed(RuntimeError):
@@ -77,32 +78,6 @@ def average_checkpoints(save_dir: str, num_epochs: int, output: str) -> str:
            "--num-epoch-checkpoints", str(num_epochs), "--output", output]
     run(cmd, output + ".log")
     return output
-
-
-@dataclass
-class Generation:
-    hypotheses: List[str]
-    references: List[str]
-    sources: List[str]
-    ids: List[int]  # the sentence ids of the test set, in the order above
-
-
-_LINE = re.compile(r"^([STH])-(\d+)\t(.*)$")
-
-
-def parse_generate_output(text: str) -> Generation:
-    """Hypotheses, references and sources of ``fairseq-generate`` output, in corpus order."""
-    rows: Dict[str, Dict[int, str]] = {"S": {}, "T": {}, "H": {}}
-    for line in text.split("\n"):  # not splitlines: a hypothesis may hold U+2028
-        m = _LINE.match(line)
-        if m:
-            kind, idx, rest = m.group(1), int(m.group(2)), m.group(3)
-            if kind == "H":
-                rest = rest.split("\t", 1)[1]  # drop the score
-            rows[kind].setdefault(idx, rest)  # first (best) hypothesis only
-    ids = sorted(rows["H"])
-    return Generation([rows["H"][i] for i in ids], [rows["T"].get(i, "") for i in ids], [rows["S"][i] for i in ids],
-                      ids)
 
 
 def generate(data_bin: str, checkpoint: str, subset: str = "test", beam: int = 4, lenpen: float = 0.6,

@@ -38,7 +38,7 @@ logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_posenc import study_report  # noqa: E402
 from fairseq_posenc.length_bins import DEFAULT_EDGES, read_lines  # noqa: E402
-from fairseq_posenc.pipeline import parse_generate_output  # noqa: E402
+from fairseq_posenc.generation import parse_generate_output  # noqa: E402
 
 
 def main(argv=None):

@@ -48,12 +48,12 @@ def main(argv=None):
                         help="the validation files' subword segmentation, undone to count --unit tokens")
     args = parser.parse_args(argv)
     if args.lengths_only:
-        from fairseq_posenc.recipe.plan import PlanError, length_distribution
+        from fairseq_posenc.length_bins import length_distribution
 
         try:
             for line in length_distribution(args.src, args.train_below, args.bins):
                 print("| " + line)
-        except (OSError, PlanError) as e:
+        except (OSError, ValueError) as e:
             parser.exit(2, f"length_split.py: error: {e}\n")
         return
     missing = [f"--{name.replace('_', '-')}" for name in ("tgt", "src_lang", "tgt_lang", "out_dir")

@@ -75,7 +75,6 @@ TARGETS = {
                                        "tests/test_floater_schedule.py"],
     "fairseq_posenc/study_report.py": ["tests/test_seed_interval.py", "tests/test_study_report.py"],
     "fairseq_posenc/labels.py": ["tests/test_labels.py"],
-    "fairseq_posenc/recipe/stages.py": ["tests/test_stage_launches.py", "tests/test_train_config.py"],
     "fairseq_posenc/recipe/train_config.py": ["tests/test_train_config.py"],
 }
 #: tests that check the build, not the code (the copy has no C++ loops on purpose)

@@ -409,13 +409,11 @@ def test_the_label_comes_from_the_stored_form_not_the_saved_configuration(checkp
     assert checkpoint_label(str(tmp_path / "rewritten.pt")) == "alibi (split)"
     # and one from before the flag, whatever the default: symmetric, plain alibi
     assert checkpoint_label(str(_write_old(epochs[-1], tmp_path / "old.pt"))) == "alibi"
-    # the recipes' results line (recipes/common.sh's encoding_label) reads it from the checkpoint too
+    # the workflow's label rule (recipes/rules/evaluate.smk) reads it from the checkpoint too
     os.rename(tmp_path / "rewritten.pt", tmp_path / "averaged_last1.pt")
     root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    label = subprocess.run(["bash", "-c", f". {root_dir}/recipes/common.sh && encoding_label"],
-                           env={**os.environ, "ENC": "alibi", "OUT": str(tmp_path), "AVERAGE": "1",
-                                "PYTHON": sys.executable},
-                           capture_output=True, text=True, check=True).stdout
+    label = subprocess.run([sys.executable, "-m", "fairseq_posenc.labels", str(tmp_path / "averaged_last1.pt")],
+                           capture_output=True, text=True, check=True, cwd=root_dir).stdout
     assert label == "alibi (split)\n"
     # and the study report (scripts/bleu_by_length.py) names a row by its checkpoint's label
     generation = tmp_path / "gen.txt"

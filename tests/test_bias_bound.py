@@ -162,7 +162,7 @@ def _demo_module():
 
 
 def test_the_demo_reports_the_mean_bias_over_seeds_next_to_its_bound():
-    demo = _demo_module()
+    from fairseq_posenc.recipe import report as demo  # the demo's report, written by the workflow
 
     def report(enc, dec, bound=True):
         return {"position_bias_scale": 10.0, "updates": 800, "lr_sum": 1.25,
@@ -194,11 +194,25 @@ def test_the_demo_refuses_a_scale_that_is_not_positive_before_any_work(tmp_path,
 
 
 def test_the_demo_passes_the_scale_only_to_the_encodings_that_take_it():
-    import argparse
+    """The demo's study (recipes/conf/demo.yaml) with --position-bias-scale 10 (train's
+    position_bias_scale): each model's fairseq-train command has the flag where its encoding takes
+    it, and not elsewhere, where it would be refused as changing nothing."""
+    import yaml
+    from snakemake.utils import validate
 
-    demo = _demo_module()
-    args = argparse.Namespace(max_update=10, size="tiny", lr=3e-3, max_tokens=1000, position_bias_scale=10.0)
-    for encoding in POSITION_ENCODINGS:
-        flags = demo.train_flags(demo.parse_row(encoding), 1, args)
-        assert (flags[flags.index("--position-bias-scale") + 1] == "10.0") if encoding in SCALED \
-            else "--position-bias-scale" not in flags
+    from fairseq_posenc.recipe import workflow
+
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes", "conf")
+    with open(os.path.join(conf, "demo.yaml"), encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    config["models"]["encodings"] = list(POSITION_ENCODINGS)
+    config["train"]["position_bias_scale"] = 10.0
+    validate(config, os.path.join(conf, "schema.yaml"))
+    study = workflow.Study(config, preflight=False)
+    seen = set()
+    for model in study.models:
+        flags = study.command(model)
+        seen.add(model.encoding)
+        assert (flags[flags.index("--position-bias-scale") + 1] == "10.0") if model.encoding in SCALED \
+            else "--position-bias-scale" not in flags, model.encoding
+    assert seen >= set(POSITION_ENCODINGS)

@@ -8,27 +8,36 @@ import torch
 
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS
+from fairseq_runs import generate_command, outcome, run_all, train_command
 from tolerances import float32_tolerance, transformer_terms
 from toy import TINY, model_that_saved
 
 
+TRAIN = ["--arch", "transformer_posenc", "--cpu", *TINY, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000",
+         "--max-update", "15", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+         "--no-epoch-checkpoints", "--no-progress-bar", "--seed", "3", "--num-workers", "0"]
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
+    """Every encoding's fairseq-train, its fairseq-generate (beam 4) and its fairseq-generate
+    --score-reference, all through the console scripts' entry points in one process
+    (tests/fairseq_runs.py: the imports once, each run from its own command line)."""
     root = tmp_path_factory.mktemp("cli")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (600, 3, 10), "valid": (40, 3, 10),
                                                               "test": (20, 3, 14)})
-    return {"root": root, "bin": pipeline.preprocess(prefixes, str(root / "bin")), "raw": prefixes}
-
-
-def _train(corpus, encoding):
-    save_dir = str(corpus["root"] / encoding)
-    pipeline.train(corpus["bin"], save_dir, [
-        "--arch", "transformer_posenc", "--position-encoding", encoding, "--cpu", *TINY,
-        "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000", "--max-update", "15",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--no-epoch-checkpoints", "--no-progress-bar", "--seed", "3", "--num-workers", "0",
-    ])
-    return os.path.join(save_dir, "checkpoint_last.pt")
+    data = pipeline.preprocess(prefixes, str(root / "bin"))
+    jobs = []
+    for encoding in POSITION_ENCODINGS:
+        save_dir = str(root / encoding)
+        checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
+        jobs += [(f"{encoding} train", "fairseq-train",
+                  train_command(data, save_dir, [*TRAIN, "--position-encoding", encoding])),
+                 (f"{encoding} generate", "fairseq-generate",
+                  generate_command(data, checkpoint, ["--beam", "4", "--lenpen", "0.6", "--batch-size", "64"])),
+                 (f"{encoding} score", "fairseq-generate",
+                  generate_command(data, checkpoint, ["--score-reference", "--batch-size", "8"]))]
+    return {"root": root, "bin": data, "raw": prefixes, "runs": run_all(jobs, str(root / "runs"))}
 
 
 def _parse_positional_scores(text):
@@ -42,13 +51,13 @@ def _parse_positional_scores(text):
 
 @pytest.mark.parametrize("encoding", list(POSITION_ENCODINGS))
 def test_train_and_generate_reload_the_same_model(corpus, encoding):
-    checkpoint = _train(corpus, encoding)
-    generation = pipeline.generate(corpus["bin"], checkpoint, beam=4, lenpen=0.6)
+    runs = corpus["runs"]
+    outcome(runs, f"{encoding} train")
+    checkpoint = os.path.join(corpus["root"], encoding, "checkpoint_last.pt")
+    generation = pipeline.parse_generate_output(outcome(runs, f"{encoding} generate")["stdout"])
     assert len(generation.hypotheses) == 20
 
-    out = pipeline.run([pipeline.executable("fairseq-generate"), corpus["bin"], "--user-dir", pipeline.USER_DIR,
-                        "--path", checkpoint, "--score-reference", "--batch-size", "8"],
-                       f"{checkpoint}.score.log", capture_stdout=True)
+    out = outcome(runs, f"{encoding} score")["stdout"]
     cli_scores = _parse_positional_scores(out)
     model, dictionary = model_that_saved(checkpoint, corpus["bin"])
     with open(corpus["raw"]["test"] + ".src") as fs, open(corpus["raw"]["test"] + ".tgt") as ft:

@@ -95,29 +95,90 @@ def _parameters(save_dir):
     return torch.load(os.path.join(save_dir, "checkpoint_last.pt"), map_location="cpu")["model"]
 
 
-def _train_both_ways(data_bin, tmp_path, encoding, ddp_backend):
-    """Two ranks and the single-process run with --update-freq 2, all three at once."""
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    ranks = [_start(_command(data_bin, str(tmp_path / "ddp"), encoding, "--distributed-world-size", "2",
-                             "--distributed-rank", str(rank), "--distributed-init-method", init,
-                             "--distributed-no-spawn", "--distributed-backend", "gloo",
-                             "--ddp-backend", ddp_backend),
-                    tmp_path / f"rank{rank}.log") for rank in (0, 1)]
-    single = _start(_command(data_bin, str(tmp_path / "single"), encoding, "--update-freq", "2"),
-                    tmp_path / "single.log")
-    logs = [_finish(p, tmp_path / f"rank{rank}.log") for rank, p in enumerate(ranks)]
-    single_log = _finish(single, tmp_path / "single.log")
-    return logs[0], single_log
+#: fairseq-train runs in one process one after another (console entry point, own command line each):
+#: a rank's process runs its part of every case, the ranks meet again for each case on a port of
+#: its own, and the process group is taken down between cases, so that the next initialises afresh
+RUNNER = """
+import json, logging, sys, traceback
+from fairseq_cli import train  # first: it sets up the logging that the test reads
+import torch.distributed as dist
+from fairseq.distributed import utils as distributed_utils
+
+fairseq_format = logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s", "%Y-%m-%d %H:%M:%S")
+for log, argv in json.load(open(sys.argv[1])):
+    handler = logging.FileHandler(log)
+    handler.setFormatter(fairseq_format)
+    logging.getLogger().addHandler(handler)
+    sys.argv = ["fairseq-train", *argv]
+    try:
+        train.cli_main()
+        status = "RUN OK"
+    except BaseException:
+        status = "RUN FAILED\\n" + traceback.format_exc()
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+        logging.getLogger().setLevel(logging.INFO)  # fairseq quiets the ranks but 0
+        with open(log, "a") as f:
+            f.write(status + "\\n")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if hasattr(distributed_utils.get_global_group, "_global_group"):  # fairseq caches the group
+            del distributed_utils.get_global_group._global_group
+"""
+
+#: (encoding, --ddp-backend) of each case: every encoding under torch's DDP, FLOATER under legacy_ddp
+CASES = [(encoding, "pytorch_ddp") for encoding in POSITION_ENCODINGS] + [("floater", "legacy_ddp")]
 
 
-def _assert_same_training(data_bin, tmp_path, encoding, ddp_backend):
-    rank0_log, single_log = _train_both_ways(data_bin, tmp_path, encoding, ddp_backend)
+@pytest.fixture(scope="module")
+def trained(data_bin, tmp_path_factory):
+    """Every case's two ranks and its single-process run with --update-freq 2, the three processes
+    at once, each running its part of every case in turn."""
+    root = tmp_path_factory.mktemp("ddp")
+    parts = {"rank0": [], "rank1": [], "single": []}
+    for encoding, backend in CASES:
+        case = root / f"{encoding}-{backend}"
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        for rank in (0, 1):
+            parts[f"rank{rank}"].append((str(case / f"rank{rank}.log"), _command(
+                data_bin, str(case / "ddp"), encoding, "--distributed-world-size", "2", "--distributed-rank", str(rank),
+                "--distributed-init-method", init, "--distributed-no-spawn", "--distributed-backend", "gloo",
+                "--ddp-backend", backend)[1:]))
+        parts["single"].append((str(case / "single.log"),
+                                _command(data_bin, str(case / "single"), encoding, "--update-freq", "2")[1:]))
+        case.mkdir()
+    procs = {}
+    for name, jobs in parts.items():
+        spec = root / f"{name}.json"
+        spec.write_text(json.dumps(jobs))
+        procs[name] = _start([sys.executable, "-c", RUNNER, str(spec)], root / f"{name}.out")
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            for other in procs.values():
+                other.kill()
+            pytest.fail(f"the {name} process did not finish: {(root / f'{name}.out').read_text()[-3000:]}")
+    return root
+
+
+def _log(path):
+    text = open(path).read()
+    assert "RUN OK" in text, f"{path}:\n" + "\n".join(text.splitlines()[-15:])
+    return text
+
+
+def _assert_same_training(root, encoding, ddp_backend):
+    case = root / f"{encoding}-{ddp_backend}"
+    rank0_log, single_log = _log(case / "rank0.log"), _log(case / "single.log")
+    _log(case / "rank1.log")
     assert "distributed init (rank 0)" in rank0_log and "'distributed_world_size': 2" in rank0_log
     assert f"'ddp_backend': '{ddp_backend}'" in rank0_log and "'find_unused_parameters': False" in rank0_log
     distributed, single = _losses(rank0_log), _losses(single_log)
     assert len(single) == UPDATES
     assert distributed == single
-    trained, reference = _parameters(tmp_path / "ddp"), _parameters(tmp_path / "single")
+    trained, reference = _parameters(case / "ddp"), _parameters(case / "single")
     assert trained.keys() == reference.keys()
     differences = {name: (trained[name].float() - reference[name].float()).abs().max().item()
                    for name in reference if reference[name].is_floating_point() and reference[name].numel()}
@@ -129,12 +190,12 @@ def _assert_same_training(data_bin, tmp_path, encoding, ddp_backend):
 
 
 @pytest.mark.parametrize("encoding", list(POSITION_ENCODINGS))
-def test_two_processes_train_exactly_as_one_with_the_same_total_batch(data_bin, tmp_path, encoding):
-    _assert_same_training(data_bin, tmp_path, encoding, "pytorch_ddp")
+def test_two_processes_train_exactly_as_one_with_the_same_total_batch(trained, encoding):
+    _assert_same_training(trained, encoding, "pytorch_ddp")
 
 
-def test_fairseqs_legacy_ddp_trains_exactly_as_one_process(data_bin, tmp_path):
-    _assert_same_training(data_bin, tmp_path, "floater", "legacy_ddp")
+def test_fairseqs_legacy_ddp_trains_exactly_as_one_process(trained):
+    _assert_same_training(trained, "floater", "legacy_ddp")
 
 
 # FLOATER with --floater-solve-every N > 1: each rank accumulates the gradient of its own passes on

@@ -6,9 +6,10 @@ Commands are taken from ```bash blocks (continuation lines joined, comments drop
 `python scripts/...`, `bash recipes/...`, `make ...`). fairseq's CLIs are checked against
 fairseq's own parser with the plugin registered, extended for the command's --arch, --task,
 --criterion, --optimizer and --lr-scheduler as fairseq-train extends it; the plugin's scripts
-and torchrun against their --help; the recipes' flags against their argument parsers and their
-variables against what the recipes read; make targets and variables against the Makefile; pytest's
-test files against the tests/ folder and its flags against its --help.
+and torchrun against their --help; the recipes' entry points (recipes/*/run.sh) for their study
+files, Snakemake's own options (its --help) and --config keys (recipes/conf/schema.yaml), with no
+variable of their own; make targets and variables against the Makefile; pytest's test files
+against the tests/ folder and its flags against its --help.
 Launchers and shell built-ins that run another command (srun, cd, export, ...) are skipped by name.
 """
 import functools
@@ -147,20 +148,40 @@ def script_unknown(tokens):
 
 
 @functools.lru_cache(maxsize=None)
-def _recipe_text(recipe=None):
-    files = glob.glob(f"{REPO}/recipes/**/*.sh", recursive=True)
-    return "\n".join(open(f, encoding="utf-8").read() for f in files)
+def _snakemake_flags():
+    return _help_flags(os.path.join(os.path.dirname(sys.executable), "snakemake"))
+
+
+@functools.lru_cache(maxsize=None)
+def _config_keys():
+    import yaml
+
+    with open(os.path.join(REPO, "recipes", "conf", "schema.yaml"), encoding="utf-8") as f:
+        return frozenset(yaml.safe_load(f)["properties"])
 
 
 def recipe_unknown(variables, tokens):
+    """recipes/CORPUS/run.sh [STUDY.yaml...] [snakemake options]: the files exist, the options are
+    Snakemake's, a --config key is the schema's; the recipes read no variable of their own."""
     recipe = tokens[0]
-    if not os.path.isfile(os.path.join(REPO, recipe)):
-        return [f"{recipe} (no such recipe)"]
-    text = _recipe_text()
-    unknown = [v for v in variables if v not in ENVIRONMENT and not re.search(rf"\b{v}\b", text)]
-    # the recipes' flags: the cases of common.sh's parse_run_args / parse_prepare_args
-    flags = set(re.findall(r"^\s+(--[a-z-]+)(?:\|[^)]*)?\)", text, re.M)) | {"--help"}
-    return unknown + [f for f in _flags(tokens[1:]) if f not in flags]
+    if not re.fullmatch(r"recipes/[\w]+/run\.sh|recipes/run\.sh", recipe) or not os.path.isfile(os.path.join(REPO, recipe)):
+        return [f"{recipe} (no such entry point)"]
+    unknown = [v for v in variables if v not in ENVIRONMENT]
+    rest = tokens[1:]
+    while rest and rest[0].endswith(".yaml"):
+        if not os.path.isfile(os.path.join(REPO, rest[0])) and not PLACEHOLDER.match(rest[0]) \
+                and "/" in rest[0]:
+            unknown.append(f"{rest[0]} (no such file)")
+        rest = rest[1:]
+    unknown += [f for f in _flags(rest) if f not in _snakemake_flags()]
+    if "--config" in rest:
+        for item in rest[rest.index("--config") + 1:]:
+            if item.startswith("-"):
+                break
+            key = item.split("=", 1)[0]
+            if key not in _config_keys():
+                unknown.append(f"--config {key}")
+    return unknown
 
 
 def make_unknown(variables, tokens):
@@ -188,8 +209,8 @@ def unknown_in(tokens):
     variables = []
     while tokens and re.match(r"^[A-Z_][A-Z0-9_]*=", tokens[0]):
         variables.append(tokens.pop(0).split("=", 1)[0])
-    if not tokens:  # assignments alone: a recipe reads them from the environment
-        return [v for v in variables if v not in ENVIRONMENT and not re.search(rf"\b{v}\b", _recipe_text())]
+    if not tokens:  # assignments alone: nothing reads them but the environment's own
+        return [v for v in variables if v not in ENVIRONMENT]
     program = os.path.basename(tokens[0])
     if program in PREFIXES:
         rest = tokens[1:]
@@ -204,6 +225,9 @@ def unknown_in(tokens):
         return fairseq_unknown(program, tokens)
     if program in ("python", "python3"):
         return script_unknown(tokens[1:])
+    if program == "bash" and tokens[1:2] and not tokens[1].startswith("recipes/"):  # a script of the repo (.ci/run)
+        return [v for v in variables if v not in ENVIRONMENT] + \
+            ([] if os.path.isfile(os.path.join(REPO, tokens[1])) else [f"{tokens[1]} (no such script)"])
     if program == "bash":
         return recipe_unknown(variables, tokens[1:])
     if program == "make":
@@ -224,7 +248,7 @@ COMMANDS = doc_commands()
 def test_the_docs_show_commands_of_every_kind():
     """The extraction finds what the pages hold (a broken parser would check nothing)."""
     programs = {os.path.basename(t[0]) for _, t in COMMANDS if t and not re.match(r"^[A-Z_]+=", t[0])}
-    assert {"fairseq-train", "fairseq-generate", "python", "bash", "make", "torchrun"} <= programs
+    assert {"fairseq-train", "fairseq-generate", "python", "bash", "make"} <= programs
     assert len(COMMANDS) > 40
 
 
@@ -242,13 +266,16 @@ def test_every_flag_and_variable_in_the_docs_is_known(doc):
 def test_the_check_finds_a_misspelt_flag_and_variable():
     assert unknown_in(["fairseq-train", "data", "--user-dir", "fairseq_posenc", "--arch", "transformer_t5_wmt_en_de",
                        "--t5-num-buckets", "32", "--positon-encoding", "t5"]) == ["--positon-encoding"]
-    assert unknown_in(["ENC=t5", "ARHC=base", "bash", "recipes/wmt14_en_de/train.sh", "--dry-run"]) == ["ARHC"]
+    assert unknown_in(["ENC=t5", "bash", "recipes/wmt14_en_de/run.sh", "-n"]) == ["ENC"]
+    assert unknown_in(["bash", "recipes/wmt14_en_de/run.sh", "recipes/conf/nope.yaml", "--dry-rnu", "--config",
+                       "modles={}", "out=x"]) == ["recipes/conf/nope.yaml (no such file)", "--dry-rnu", "--config modles"]
+    assert unknown_in(["bash", "recipes/wmt14_en_de/train.sh"]) == ["recipes/wmt14_en_de/train.sh (no such entry point)"]
     assert unknown_in(["python", "scripts/bleu_by_length.py", "--generation", "a=b", "--baseline", "a",
                        "--bootstrap", "10"]) == ["--bootstrap"]
     assert unknown_in(["make", "demo", "DEMO_ARGS=--seeds 3 --encoding t5"]) == ["--encoding"]
-    assert unknown_in(["do", "ARHC=base", "bash", "recipes/wmt14_en_de/train.sh"]) == ["ARHC"]
-    assert unknown_in(["export", "ENC=t5", "ARHC=base"]) == ["ARHC"]
-    assert unknown_in(["srun", "bash", "recipes/wmt14_en_de/train.sh", "--dry-rnu"]) == ["--dry-rnu"]
+    assert unknown_in(["do", "ARHC=base", "bash", "recipes/wmt14_en_de/run.sh"]) == ["ARHC"]
+    assert unknown_in(["export", "OMP_NUM_THREADS=2", "ARHC=base"]) == ["ARHC"]
+    assert unknown_in(["srun", "bash", "recipes/wmt14_en_de/run.sh", "--dry-rnu"]) == ["--dry-rnu"]
     assert unknown_in(["OMP_NUM_THREADS=1", ".venv/bin/pytest", "tests/test_doc.py", "-x", "--durations", "5",
                        "--dist", "loadfile", "--maxfail=1", "--no-capture"]) == [
         "tests/test_doc.py (no such test file)", "--no-capture"]

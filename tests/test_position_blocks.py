@@ -4,8 +4,6 @@ Each form against its equation on a small model, step-by-step decoding against a
 the refusal where the flag means nothing, and one fairseq-train + fairseq-generate run.
 """
 import math
-import os
-import subprocess
 
 import pytest
 import torch
@@ -289,43 +287,3 @@ def test_sinusoidal_at_every_block_through_fairseq_train_and_generate(corpus, tm
         for idx, (_, printed) in hypotheses.items():
             moved = max(moved, (rescore(idx)[0] - torch.tensor(printed)).abs().max().item())
     assert moved > 1e-2
-
-
-RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
-
-
-def _recipe(command, env, cwd):
-    return subprocess.run(["bash", "-c", command], env={**os.environ, "DEVICE": "cpu", **env}, cwd=cwd,
-                          capture_output=True, text=True)
-
-
-def test_the_wmt14_recipes_keep_each_form_its_own_run(corpus, tmp_path):
-    """POSITION_BLOCKS: the encoding's own default is the run without it; the other form has its
-    own default OUT, and fairseq-train gets --position-blocks (so the stage's recorded fairseq
-    configuration, which keys reuse, differs too: tests/test_train_config.py)."""
-    data_bin = corpus[1]
-    show = f'. {RECIPES}/common.sh; RECIPE=wmt14_en_de; set_training_defaults; echo "OUT=$OUT"; echo "$POSITION_BLOCK_FLAGS"'
-    seen = {}
-    for enc, blocks in (("sinusoidal", ""), ("sinusoidal", "input"), ("sinusoidal", "all"), ("learned", "all"),
-                        ("floater", ""), ("floater", "all"), ("floater", "input")):
-        proc = _recipe(show, {"ENC": enc, "POSITION_BLOCKS": blocks}, str(tmp_path))
-        assert proc.returncode == 0, proc.stderr
-        seen[enc, blocks] = proc.stdout.splitlines()
-    assert seen["sinusoidal", "input"] == seen["sinusoidal", ""] and seen["floater", "all"] == seen["floater", ""]
-    assert seen["sinusoidal", ""] == ["OUT=runs/wmt14_en_de/sinusoidal-base", ""]
-    for enc, blocks in (("sinusoidal", "all"), ("learned", "all"), ("floater", "input")):
-        assert seen[enc, blocks] == [f"OUT=runs/wmt14_en_de/{enc}-{blocks}-base", f"--position-blocks {blocks}"]
-    proc = _recipe(show, {"ENC": "t5", "POSITION_BLOCKS": "all"}, str(tmp_path))
-    assert proc.returncode == 2 and proc.stderr.strip() == (
-        "bash: POSITION_BLOCKS=all: ENC=t5 has no position encoder to place (sinusoidal, learned, floater and rnn have)")
-
-    data = os.path.dirname(data_bin)
-    with open(os.path.join(data, "corpus.env"), "w") as f:
-        f.write("RECIPE=wmt14_en_de\nSRC=src\nTGT=tgt\nBPE=subword-nmt\nBPE_SIZE=40000\nVALID_NAME=v\nTEST_NAME=t\n")
-    proc = _recipe(f"bash {RECIPES}/wmt14_en_de/train.sh --dry-run", {
-        "DATA": data, "ENC": "sinusoidal", "POSITION_BLOCKS": "all", "MAX_TOKENS": "2000", "UPDATE_FREQ": "1",
-        "SAVE_INTERVAL_UPDATES": "5", "MAX_EPOCH": "30", "AVERAGE": "2"}, str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    command = [line for line in proc.stdout.splitlines() if line.startswith("== --dry-run: would run fairseq-train")]
-    assert len(command) == 1 and " --position-blocks all " in command[0]
-    assert command[0].endswith(" --save-dir runs/wmt14_en_de/sinusoidal-all-base --cpu")

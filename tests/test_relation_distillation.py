@@ -236,30 +236,3 @@ def test_fairseq_train_with_relation_distillation_lowers_the_relation_loss(setup
     # a ratio of 0.49; a student that did not learn the relations stays near 1
     assert values[-1] < 0.8 * values[0]
     assert all(re.search(r"ce_loss=[0-9.]+,", line) for line in inner)
-
-
-def test_distillation_recipe_runs_offline(setup):
-    """recipes/distillation/distill.sh on the other recipes' plan and flags: interval checkpoints
-    every SAVE_INTERVAL_UPDATES, the last AVERAGE kept and averaged, the relation criterion in
-    place of label smoothing's, and a finished run skipped by a re-run."""
-    recipe = os.path.join(os.path.dirname(pipeline.USER_DIR), "recipes", "distillation", "distill.sh")
-    out = setup["root"] / "recipe"
-    env = {**os.environ, "DATA_BIN": setup["bin"], "TEACHER": setup["teacher"], "OUT": str(out), "ENC": "alibi",
-           "STUDENT_FLAGS": " ".join(STUDENT), "RELATION_HEADS": "4", "MAX_EPOCH": "2", "AVERAGE": "2",
-           "SAVE_INTERVAL_UPDATES": "2", "MAX_TOKENS": "1000", "UPDATE_FREQ": "1", "DEVICE": "cpu",
-           "EXTRA_FLAGS": "--num-workers 0", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(["bash", recipe, "--dry-run"], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "== --dry-run: nothing trained (device flags: --cpu)" in proc.stdout and not out.exists()
-    averaged_updates = [int(u) for u in re.search(r"\| averaged: updates ([\d, ]+) \(", proc.stdout).group(1).split(", ")]
-    proc = subprocess.run(["bash", recipe], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    averaged = torch.load(out / "averaged_last2.pt", map_location="cpu")
-    assert averaged["cfg"]["model"].position_encoding == "alibi"
-    assert averaged["cfg"]["criterion"]["_name"] == "relation_distillation"
-    assert averaged["cfg"]["criterion"]["label_smoothing"] == 0.1
-    assert averaged["model"]["encoder.embed_tokens.weight"].shape[1] == 16  # the student's width
-    kept = sorted(int(m.group(1)) for m in (re.fullmatch(r"checkpoint_\d+_(\d+)\.pt", f) for f in os.listdir(out)) if m)
-    assert kept == averaged_updates and not any(re.fullmatch(r"checkpoint\d+\.pt", f) for f in os.listdir(out))
-    again = subprocess.run(["bash", recipe], env=env, capture_output=True, text=True)
-    assert again.returncode == 0 and f"{out}: skip finished" in again.stdout, again.stderr[-2000:]

@@ -57,3 +57,19 @@ def test_german_target_gets_compound_split_bleu(tmp_path):
     split = BLEU(tokenize="none").corpus_score([HYP_SPLIT], [[REF_SPLIT]]).score
     assert f"| tokenized BLEU {split:.2f} (compound split, tokenize none) | " in line, line
     assert scores["tokenized_bleu"] == round(split, 2) and scores["compound_split"] is True
+
+
+def test_without_references_the_t_lines_score_with_their_subwords_removed(tmp_path):
+    """The short-to-long split decodes training pairs in subwords: no raw reference, no
+    --remove-bpe. --bpe removes the segmentation from H- and T- lines, the T- lines are the
+    references, and both BLEUs are the ones of the words."""
+    gen = tmp_path / "gen.txt"
+    gen.write_text("S-0\tthe gre@@ en house\nT-0\tdas gr@@ üne haus sieht den alten baum .\n"
+                   "H-0\t-1.0\tdas gr@@ üne haus sieht den neuen baum .\n", encoding="utf-8")
+    results, scores = tmp_path / "results.txt", tmp_path / "bleu.json"
+    score_translation.main(["score", "--generation", str(gen), "--lang", "de", "--bpe", "subword_nmt",
+                            "--label", "split", "--results", str(results), "--json", str(scores)])
+    hyp, ref = "das grüne haus sieht den neuen baum .", "das grüne haus sieht den alten baum ."
+    got = json.loads(scores.read_text())
+    assert got["sacrebleu"] == round(BLEU().corpus_score([hyp], [[ref]]).score, 2) == 59.46
+    assert got["tokenized_bleu"] == round(BLEU(tokenize="none").corpus_score([hyp], [[ref]]).score, 2)

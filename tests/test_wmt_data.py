@@ -1,11 +1,8 @@
 """fairseq_posenc/recipe/wmt_data.py downloads: a download shorter than its Content-Length never takes the
-archive's name; a mirror replaces statmt.org; the fingerprint follows a replaced archive, is the
-same for a copy of the archives elsewhere, and reads an unchanged archive once."""
+archive's name; a mirror replaces statmt.org; one archive alone (the workflow's download rule);
+the timeout is corpus.download_timeout's."""
 import io
-import json
 import os
-import shutil
-import sys
 
 import pytest
 
@@ -28,18 +25,30 @@ def test_a_truncated_download_is_refused_and_leaves_no_file(tmp_path, monkeypatc
     assert os.listdir(tmp_path) == []
 
 
-def test_mirror_downloads_from_mirror_slash_file_and_fingerprint_follows_the_archive(tmp_path, capsys):
+def test_mirror_downloads_from_mirror_slash_file(tmp_path, capsys):
     mirror, cache = tmp_path / "mirror", tmp_path / "cache"
     mirror.mkdir()
     (mirror / "dev.tgz").write_bytes(b"archive bytes")
     archive = wmt_data.Archive("dev.tgz", "http://www.statmt.org/wmt14/dev.tgz", "")
-    before = wmt_data.fingerprint([archive], str(cache))
     wmt_data.fetch([archive], str(cache), allow_download=True, mirror=f"file://{mirror}")
     assert f"| downloading file://{mirror}/dev.tgz" in capsys.readouterr().out
     assert (cache / "dev.tgz").read_bytes() == b"archive bytes"
-    after = wmt_data.fingerprint([archive], str(cache))
-    (cache / "dev.tgz").write_bytes(b"another archive")
-    assert len({before, after, wmt_data.fingerprint([archive], str(cache))}) == 3
+
+
+def test_only_fetches_one_archive_of_the_sources_file(tmp_path, capsys):
+    """The workflow's download rule: one job per missing archive (--only FILE)."""
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "dev.tgz").write_bytes(b"dev")
+    sources = tmp_path / "sources"
+    sources.write_text("archive dev.tgz http://www.statmt.org/wmt14/dev.tgz -\n"
+                       "archive test-full.tgz http://www.statmt.org/wmt14/test-full.tgz -\n")
+    fetch = ["fetch", "--sources", str(sources), "--raw-dir", str(tmp_path / "raw"), "--mirror", f"file://{mirror}"]
+    wmt_data.main(fetch + ["--only", "dev.tgz"])
+    assert os.listdir(tmp_path / "raw") == ["dev.tgz"]
+    with pytest.raises(SystemExit):
+        wmt_data.main(fetch + ["--only", "nc.tgz"])
+    assert "--only nc.tgz: not an archive of" in capsys.readouterr().err
 
 
 def test_iwslt_xml_segments_are_read_as_fairseqs_grep_and_sed_read_them():
@@ -51,114 +60,28 @@ def test_iwslt_xml_segments_are_read_as_fairseqs_grep_and_sed_read_them():
     assert wmt_data.read_iwslt_xml(text) == ["Ein  Satz.", "\u00a0Zwei\u00a0"]
 
 
-# ------------------------------------------------------------------------------------------------
-# the extract step's key: the archives' content, not their paths or dates (issue 31, item 6)
-ARCHIVES = [wmt_data.Archive("training-parallel-nc-v9.tgz",
-                             "http://www.statmt.org/wmt14/training-parallel-nc-v9.tgz", ""),
-            wmt_data.Archive("dev.tgz", "http://www.statmt.org/wmt14/dev.tgz", "")]
+def test_the_download_timeout_is_the_flags_not_the_environments(tmp_path, monkeypatch):
+    seen = []
 
+    def urlopen(url, timeout=None):
+        seen.append(timeout)
+        raise TimeoutError("timed out")
 
-def _archive_set(directory, seed=b"x"):
-    os.makedirs(directory, exist_ok=True)
-    for i, a in enumerate(ARCHIVES):
-        with open(os.path.join(directory, a.file), "wb") as f:
-            f.write(seed * (3000 + i) + bytes(range(256)))
-
-
-def test_a_copy_of_the_archives_elsewhere_with_new_dates_keeps_the_fingerprint_and_a_changed_byte_changes_it(tmp_path):
-    _archive_set(tmp_path / "local")
-    shutil.copytree(tmp_path / "local", tmp_path / "cluster", copy_function=shutil.copy)  # new mtimes
-    for a in ARCHIVES:
-        os.utime(tmp_path / "cluster" / a.file, ns=(1_000_000_000, 1_000_000_000))  # other dates, surely
-    key = wmt_data.fingerprint(ARCHIVES, str(tmp_path / "local"))
-    assert wmt_data.fingerprint(ARCHIVES, str(tmp_path / "cluster")) == key
-    assert key.startswith("sha256-") and len(key) == len("sha256-") + 16  # not an old key (16 hex digits)
-    # one byte changed, size and dates kept: another key
-    path = tmp_path / "cluster" / "dev.tgz"
-    st = os.stat(path)
-    data = bytearray(path.read_bytes())
-    data[100] ^= 1
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert os.path.getsize(path) == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
-    assert wmt_data.fingerprint(ARCHIVES, str(tmp_path / "cluster")) != key
-
-
-def test_the_cache_reads_an_unchanged_archive_once_and_a_copy_or_a_rewrite_again(tmp_path, monkeypatch):
-    reads = []
-    digest = wmt_data.file_digest
-    monkeypatch.setattr(wmt_data, "file_digest", lambda path, algorithm: reads.append(os.path.basename(path))
-                        or digest(path, algorithm))
-    _archive_set(tmp_path / "local")
-    cache = str(tmp_path / "work" / ".archives-sha256.json")
-    key = wmt_data.fingerprint(ARCHIVES, str(tmp_path / "local"), cache)
-    assert sorted(reads) == sorted(a.file for a in ARCHIVES)
-    assert wmt_data.fingerprint(ARCHIVES, str(tmp_path / "local"), cache) == key and len(reads) == 2  # nothing read
-    entry = json.load(open(cache))["files"][str((tmp_path / "local" / "dev.tgz").resolve())]
-    assert entry["sha256"] == digest(str(tmp_path / "local" / "dev.tgz"), "sha256") and entry["size"] == 3257
-    assert {"mtime_ns", "ctime_ns", "inode"} <= set(entry)
-    # a copy (another path, another inode) is read once, then kept too; same key
-    shutil.copytree(tmp_path / "local", tmp_path / "cluster", copy_function=shutil.copy)
-    reads.clear()
-    assert wmt_data.fingerprint(ARCHIVES, str(tmp_path / "cluster"), cache) == key and len(reads) == 2
-    assert wmt_data.fingerprint(ARCHIVES, str(tmp_path / "cluster"), cache) == key and len(reads) == 2
-    # a rewrite with size and mtime restored is still noticed (its ctime moved): read again, new key
-    path = tmp_path / "cluster" / "dev.tgz"
-    st = os.stat(path)
-    path.write_bytes(b"y" + path.read_bytes()[1:])
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    reads.clear()
-    assert wmt_data.fingerprint(ARCHIVES, str(tmp_path / "cluster"), cache) != key and reads == ["dev.tgz"]
-    # an unreadable cache is read past: every archive hashed again, the same key
-    with open(cache, "w") as f:
-        f.write("{not json")
-    reads.clear()
-    assert wmt_data.fingerprint(ARCHIVES, str(tmp_path / "local"), cache) == key and len(reads) == 2
-
-
-def test_a_large_archive_reports_its_hashing_on_stderr_and_stdout_is_the_key_alone(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(wmt_data, "PROGRESS_FROM", 3000)  # the two test archives count as large
-    _archive_set(tmp_path / "raw")
+    monkeypatch.setattr(wmt_data.urllib.request, "urlopen", urlopen)
+    monkeypatch.setenv("DOWNLOAD_TIMEOUT", "0.5")  # not read
     sources = tmp_path / "sources"
-    sources.write_text("".join(f"archive {a.file} {a.url} -\n" for a in ARCHIVES))
-    expected = wmt_data.fingerprint(ARCHIVES, str(tmp_path / "raw"))
-    capsys.readouterr()
-    wmt_data.main(["fingerprint", "--sources", str(sources), "--raw-dir", str(tmp_path / "raw"),
-                   "--cache", str(tmp_path / "cache.json")])
-    out, err = capsys.readouterr()
-    assert out == expected + "\n"
-    assert "   sha256 of dev.tgz: 0 MiB in " in err and " MB/s)" in err
-    wmt_data.main(["fingerprint", "--sources", str(sources), "--raw-dir", str(tmp_path / "raw"),
-                   "--cache", str(tmp_path / "cache.json")])
-    assert capsys.readouterr().err == ""  # kept: nothing hashed, nothing said
+    sources.write_text("archive dev.tgz http://www.statmt.org/wmt14/dev.tgz -\n")
+    fetch = ["fetch", "--sources", str(sources), "--raw-dir", str(tmp_path)]
+    for extra in ([], ["--timeout", "7"]):
+        with pytest.raises(SystemExit):
+            wmt_data.main(fetch + extra)
+    assert seen == [60, 7]
+    # the workflow's fetch rule passes corpus.download_timeout
+    from test_workflow import shipped
 
+    from fairseq_posenc.recipe import workflow
+    from fairseq_posenc.recipe.corpus import Corpus
 
-def test_an_extraction_keyed_by_the_old_size_and_date_fingerprint_is_kept_once_upgraded(tmp_path, capsys):
-    """A corpus prepared before the key changed: its extract marker holds the size-and-mtime
-    fingerprint. With the same archives (sizes and dates unchanged) the marker gets the content key,
-    its stamp kept, and steps.py finds the step done; other archives leave it alone (redone)."""
-    from fairseq_posenc.recipe import steps
-
-    _archive_set(tmp_path / "raw")
-    done = str(tmp_path / "data" / ".done")
-    legacy = wmt_data.legacy_fingerprint(ARCHIVES, str(tmp_path / "raw"))
-    steps.mark_done(done, "extract", "", {"pair": "en-de", "archives": legacy})
-    stamp = steps.read_marker(done, "extract")["stamp"]
-    sources = tmp_path / "sources"
-    sources.write_text("".join(f"archive {a.file} {a.url} -\n" for a in ARCHIVES))
-    argv = ["fingerprint", "--sources", str(sources), "--raw-dir", str(tmp_path / "raw"),
-            "--upgrade-marker", os.path.join(done, "extract")]
-    wmt_data.main(argv)
-    out, err = capsys.readouterr()
-    key = out.strip()
-    assert key == wmt_data.fingerprint(ARCHIVES, str(tmp_path / "raw")) and "keyed by their content" in err
-    assert steps.stale_reason(done, "extract", "", {"pair": "en-de", "archives": key}) is None
-    assert steps.read_marker(done, "extract")["stamp"] == stamp  # the steps after it stay done
-    wmt_data.main(argv)  # already upgraded: nothing to say
-    assert capsys.readouterr().err == ""
-    # an old marker of other archives (one replaced since, a new date): not upgraded, so redone
-    steps.mark_done(done, "extract", "", {"pair": "en-de", "archives": legacy})
-    os.utime(tmp_path / "raw" / "dev.tgz", ns=(1_000_000_000, 1_000_000_000))
-    wmt_data.main(argv)
-    assert steps.read_marker(done, "extract")["settings"]["archives"] == legacy
-    assert "archives" in steps.stale_reason(done, "extract", "", {"pair": "en-de", "archives": key})
+    study = workflow.Study(shipped("wmt14_en_de", corpus={"download_timeout": 300}), preflight=False)
+    command = Corpus.of(study).download_command()
+    assert command[command.index("--timeout") + 1] == "300.0"

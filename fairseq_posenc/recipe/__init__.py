@@ -1,12 +1,16 @@
-"""The recipes' internals (what ``recipes/`` runs; what a person runs is in ``scripts/``):
+"""The recipes' internals (what recipes/Snakefile's rules run; what a person runs is in ``scripts/``):
 
-- steps.py: the entry point of the step markers and training stages (stages.py decides a stage
-  from its record, train_config.py resolves fairseq's configuration, flags.py splits FLOATER's);
-- plan.py: the plan before training, the device flags, the finished-run check, disk space;
-- wmt_data.py: the corpora's archives (download, content fingerprint, extraction);
-- text.py: tokenize, clean, lowercase, sentencepiece; scoring.py: SacreBLEU and tokenized BLEU;
-  rerank.py: GNMT's length penalty by reranking an n-best list.
+- workflow.py: a study's configuration as its rows, models and fairseq-train commands, checked
+  when the workflow is parsed; train_config.py: the resolved configuration and the hash that names
+  a model's checkpoint directory; train_job.py: one training job (budget, record);
+- sources.py: the files of the checkout a script runs (a rule's inputs, a model's code key);
+- plan.py: the plan of each model before training, disk space;
+- corpus.py: a corpus's preparation commands and settings (the rules' params); prepare.py: its
+  preparation steps; toy_corpus.py: the demo's generated pair; wmt_data.py: the archives
+  (download, extraction); text.py: tokenize, clean, lowercase, sentencepiece;
+- scoring.py: SacreBLEU and tokenized BLEU; rerank.py: GNMT's length penalty by reranking an
+  n-best list; report.py: the studies' reports; schema_doc.py: recipes/README.md's reference.
 
-The recipes run each as a file (``python fairseq_posenc/recipe/steps.py ...``): then this package
-is not imported, and neither is fairseq unless the command needs it. Nothing here is imported by
-``--user-dir``: fairseq loads the plugin's models and criterions only."""
+The rules run most of them as files (``python fairseq_posenc/recipe/train_job.py ...``): then this
+package is not imported, and neither is fairseq unless the command needs it. Nothing here is
+imported by ``--user-dir``: fairseq loads the plugin's models and criterions only."""

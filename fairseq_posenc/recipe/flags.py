@@ -1,12 +1,11 @@
 """Which of a warm-started run's model flags belong to its second stage only.
 
-FLOATER's protocol (recipes/floater/protocol.sh) trains a sinusoidal model, then the warm-started
-encoding (floater, rnn) from it. The user's MODEL_FLAGS hold both kinds: sizes, which both stages
-share, and the warm-started encoding's own flags (``--rnn-layers``, ``--floater-dt``), which the
+FLOATER's protocol (the workflow's warm_start) trains a sinusoidal model, then the warm-started
+encoding (floater, rnn) from it. A study's flags hold both kinds: sizes, which both stages share,
+and the warm-started encoding's own flags (``--rnn-layers``, ``--floater-dt``), which the
 sinusoidal model refuses. The split is read off the encodings' config dataclasses, so a new flag
-of either encoding lands on the right side without a list here. The recipes ask for it through
-``steps.py stage-key --split-for ENCODING --flags=...``, in the process that also keys
-the vanilla stage (one fairseq import).
+of either encoding lands on the right side without a list here (workflow.Study's commands of the
+vanilla stage and the control).
 """
 import dataclasses
 from typing import List, Tuple

@@ -21,6 +21,11 @@ appended to ``--results`` (atomically, under a lock, so parallel runs do not int
   WMT18 en-de is split and de-en, en-cs, cs-en are not. The results line says which was done:
   "(compound split, tokenize none)" or "(no compound split, tokenize none)".
 
+``--bpe subword_nmt|sentencepiece`` removes the subword segmentation of an output decoded without
+``--remove-bpe`` (the short-to-long study's split in subwords) from its H- and T- lines first.
+Without ``--ref`` the references are the T- lines, detokenized for SacreBLEU (the split's test
+pairs are training pairs: no raw reference is kept for them).
+
 ``--lowercase`` scores as IWSLT'14 is reported, where fairseq's prepare-iwslt14.sh lowercases
 everything: SacreBLEU case-insensitive (``-lc``, signature ``case:lc``) against the raw,
 mixed-case references, and tokenized BLEU on the lowercased tokens against the lowercased
@@ -45,7 +50,7 @@ from typing import List, Optional
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
-from fairseq_posenc.pipeline import parse_generate_output  # noqa: E402
+from fairseq_posenc.generation import parse_generate_output  # noqa: E402
 
 try:
     from .text import detokenize_line, read_file
@@ -95,6 +100,9 @@ def cmd_score(args):
     from sacrebleu.metrics import BLEU
 
     generation = load_generation(args.generation)
+    if args.bpe != "none":
+        generation.hypotheses = [remove_bpe(h, args.bpe) for h in generation.hypotheses]
+        generation.references = [remove_bpe(t, args.bpe) for t in generation.references]
     ids = generation.ids
     hyps_detok = [detokenize_line(args.lang, h) for h in generation.hypotheses]
     if args.ref:
@@ -161,6 +169,8 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--json", help="also write the scores here")
     p.add_argument("--lowercase", action="store_true",
                    help="case-insensitive, as IWSLT'14 is reported: SacreBLEU -lc and lowercased tokenized BLEU")
+    p.add_argument("--bpe", choices=["subword_nmt", "sentencepiece", "none"], default="none",
+                   help="the subword segmentation left in the H- and T- lines (decoded without --remove-bpe), removed first")
     p.set_defaults(fn=cmd_score)
     p = sub.add_parser("detok-generation", help="S- lines kept, H-/T- lines BPE-removed and detokenized")
     p.add_argument("--generation", required=True)

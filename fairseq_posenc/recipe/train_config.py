@@ -1,38 +1,43 @@
-"""The configuration a fairseq-train stage runs with, as fairseq itself resolves it, and which of
-its fields may differ between the run that wrote a stage's checkpoints and a re-run that reuses
-them.
+"""The configuration a fairseq-train job runs with, as fairseq itself resolves it, and the hash
+of it that names the job's checkpoint directory (recipes/rules/train.smk).
 
-Default-deny: a stage's record holds ``convert_namespace_to_omegaconf(args)`` of its final
-fairseq-train argument list (architecture defaults applied, interpolations such as
-``max_tokens_valid`` filled), and a re-run compares every field. Only the fields named in
-:data:`MAY_DIFFER`, each with its reason, may differ; the batch layout is compared as the tokens
-per update it gives. :data:`KEYED` names the rest of the training parser's options so that
+The hash covers ``convert_namespace_to_omegaconf(args)`` of the job's argument list (architecture
+defaults applied, interpolations such as ``lr_scheduler.max_update`` filled), every field but
+those of :data:`LEFT_OUT`, each left out with its reason; the batch layout enters as the tokens
+per update it gives. :data:`KEYED` names the rest of the training parser's options, so that
 ``tests/test_train_config.py`` can tell an option fairseq or the plugin adds later from one that
 was weighed: the two lists together must equal the parser's options.
+
+A left-out field is named by its option (``log_interval``: in whatever section fairseq keeps it)
+or by its section (``optimization.max_update``, the budget; ``lr_scheduler.max_update``, which a
+cosine schedule reads, stays hashed: another budget is another schedule there). The model's
+namespace of fairseq's legacy architectures repeats every option: ``model.X`` is left out where
+another section holds X, so that the section decides.
 """
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
 import warnings
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional
 
-PATHS = "a path: the data is keyed by content (the stage's data fingerprint), not by where it lies"
+PATHS = ("a path: what is read there enters the hash by content (the training data's fingerprint, the "
+         "checkpoint a warm start reads), not by where it lies")
 LOGGING = "logging and progress output: what is printed or written beside the run, not what it computes"
 WORKERS = "data-loader processes and prefetch: the batches and their order are the same"
 DISTRIBUTED = "how the processes of one run find each other: rank, address, port, backend, timeout"
-BUDGET = "the budget: a larger one resumes or extends the run, a smaller one is refused by the budget check"
-BATCH = ("the batch layout across devices: compared as the tokens per update it gives "
-         "(max_tokens x update_freq x world size), so that a run resumes on another number of GPUs")
-DEVICE = "where the same computation runs; precision (fp16, bf16, amp) is keyed on its own"
-START = ("a checkpoint the run starts from: its content is keyed (inputs.*), not its path, so a stage "
-         "shared by several runs may be reached by another path")
+BUDGET = ("the budget: a larger one goes on from the directory's checkpoint_last.pt; one below what the "
+          "directory holds is refused by the training job")
+BATCH = ("the batch layout across devices, hashed as the tokens per update it gives (max_tokens x "
+         "update_freq x world size): the GPU count at equal tokens per update is the same model")
+DEVICE = "where the same computation runs; precision (fp16, bf16, amp) is hashed on its own"
 
-# every field that may differ between a recorded run and a re-run, with its reason; all others refuse
-MAY_DIFFER: Dict[str, str] = {
+# every field left out of the hash, with its reason: by option name (any section) or section.option
+LEFT_OUT: Dict[str, str] = {
     "data": PATHS, "save_dir": PATHS, "user_dir": PATHS, "plasma_path": PATHS,
-    "finetune_from_model": START, "floater_init_from": START,
+    "finetune_from_model": PATHS, "floater_init_from": PATHS,
     "no_progress_bar": LOGGING, "log_interval": LOGGING, "log_format": LOGGING, "log_file": LOGGING,
     "aim_repo": LOGGING, "aim_run_hash": LOGGING, "tensorboard_logdir": LOGGING, "wandb_project": LOGGING,
     "azureml_logging": LOGGING, "reset_logging": LOGGING, "profile": LOGGING, "debug_param_names": LOGGING,
@@ -41,7 +46,7 @@ MAY_DIFFER: Dict[str, str] = {
     "distributed_rank": DISTRIBUTED, "distributed_port": DISTRIBUTED, "distributed_init_method": DISTRIBUTED,
     "distributed_backend": DISTRIBUTED, "distributed_no_spawn": DISTRIBUTED, "device_id": DISTRIBUTED,
     "heartbeat_timeout": DISTRIBUTED,
-    "max_update": BUDGET, "max_epoch": BUDGET, "stop_time_hours": BUDGET,
+    "optimization.max_update": BUDGET, "optimization.max_epoch": BUDGET, "optimization.stop_time_hours": BUDGET,
     "max_tokens": BATCH, "update_freq": BATCH, "distributed_world_size": BATCH, "distributed_num_procs": BATCH,
     "nprocs_per_node": BATCH,
     "max_tokens_valid": "validation batches only (it follows max_tokens): the summed validation loss does not "
@@ -49,7 +54,7 @@ MAY_DIFFER: Dict[str, str] = {
     "cpu": DEVICE,
 }
 
-# the training parser's other options, weighed and keyed (a change refuses, or restarts the stage)
+# the training parser's other options, weighed and hashed: another value is another model
 KEYED = frozenset("""
 seed tpu bf16 memory_efficient_bf16 fp16 memory_efficient_fp16 fp16_no_flatten_grads fp16_init_scale
 fp16_scale_window fp16_scale_tolerance on_cpu_convert_precision min_loss_scale threshold_loss_scale amp
@@ -93,9 +98,6 @@ adam_betas adam_eps weight_decay use_old_adam fp16_adam_stats warmup_updates war
 pad eos unk
 """.split())
 
-# the fields holding a checkpoint the run starts from, recorded by content as inputs.<name>
-START_FROM = tuple(name for name, why in MAY_DIFFER.items() if why is START)
-
 
 def _quietly():
     """fairseq and hydra print deprecation warnings and INFO lines while parsing: not the user's."""
@@ -106,7 +108,7 @@ def _quietly():
     return stack
 
 
-def parse(argv: List[str]) -> Tuple[argparse.ArgumentParser, argparse.Namespace]:
+def parse(argv: List[str]):
     """fairseq-train's parser with the plugin (``--user-dir`` in ``argv``), after parsing
     ``argv``: registry choices add their own options to it as fairseq-train's does."""
     from fairseq import options
@@ -131,39 +133,32 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=repr))
 
 
-def resolve(argv: List[str], fingerprint=None, cache: Optional[str] = None) -> Dict[str, Any]:
+def resolve(argv: List[str], cache: Optional[str] = None) -> Dict[str, Any]:
     """``section.field -> value`` of ``convert_namespace_to_omegaconf`` for ``argv``, every
-    section and the model's namespace (fairseq's legacy architectures keep every argument there),
-    plus ``inputs.<field>``: the content fingerprint (``fingerprint(path)``) of each checkpoint the
-    run starts from (read every time: content is not in the key).
+    section and the model's namespace (fairseq's legacy architectures keep every argument there).
 
     ``cache``: a directory of resolved configurations keyed by :func:`cache_key` (everything the
     resolution reads: ``argv``, the plugin's source, fairseq's and torch's versions, the CUDA
     devices torch sees), so that a recipe's several calls with one argument list import fairseq
     (seconds) once. A key never names another resolution, so an entry never goes stale."""
-    path = flat = starts = None
+    path = flat = None
     if cache:
         path = os.path.join(cache, cache_key(argv) + ".json")
         try:
             with open(path, encoding="utf-8") as f:
                 entry = json.load(f)
-            flat, starts = dict(entry["config"]), dict(entry["starts"])
+            flat = dict(entry["config"])
         except (OSError, ValueError, KeyError, TypeError):  # not there yet (or cut short): resolved anew
-            flat = starts = None
+            flat = None
     if flat is None:
-        flat, starts = _resolve(argv)
+        flat = _resolve(argv)
         if path:
             os.makedirs(cache, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"argv": list(argv), "config": flat, "starts": starts}, f)
+                json.dump({"argv": list(argv), "config": flat}, f)
             os.replace(tmp, path)
-    flat = dict(flat)
-    for name in START_FROM:
-        start = starts.get(name)
-        if start and fingerprint is not None:
-            flat[f"inputs.{name}"] = fingerprint(start) if os.path.exists(start) else "(missing)"
-    return flat
+    return dict(flat)
 
 
 def _source_digest(directory: str, digest) -> None:
@@ -235,8 +230,8 @@ def _gpus() -> int:
     return torch.cuda.device_count()
 
 
-def _resolve(argv: List[str]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(the flat configuration, the paths of the checkpoints the run starts from)."""
+def _resolve(argv: List[str]) -> Dict[str, Any]:
+    """The flat configuration of :func:`resolve`."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import DictConfig, OmegaConf
 
@@ -258,11 +253,29 @@ def _resolve(argv: List[str]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
                 flat[f"{section}.{name}"] = field
         else:
             flat[section] = value
-    return _plain(flat), _plain({name: getattr(args, name, None) for name in START_FROM})
+    return _plain(flat)
 
 
-def field_name(key: str) -> str:
-    return key.rsplit(".", 1)[-1]
+def option_of(entry: str) -> str:
+    """The option a :data:`LEFT_OUT` entry names (``optimization.max_update`` -> ``max_update``)."""
+    return entry.rsplit(".", 1)[-1]
+
+
+def left_out(key: str, sectioned: Iterable[str] = ()) -> bool:
+    """Whether ``section.field`` stays out of the hash; ``sectioned``: the fields that a section
+    other than the model's namespace holds (``model.X`` is then a repetition)."""
+    section, _, field = key.rpartition(".")
+    if field in LEFT_OUT or key in LEFT_OUT:
+        return True
+    return section == "model" and field in sectioned
+
+
+def hashed_fields(config: Dict[str, Any]) -> Dict[str, Any]:
+    """What the hash covers: every field not :func:`left_out`, and the tokens per update."""
+    sectioned = {key.rpartition(".")[2] for key in config if not key.startswith("model.")}
+    kept = {k: v for k, v in config.items() if not left_out(k, sectioned)}
+    kept["tokens_per_update"] = tokens_per_update(config)
+    return kept
 
 
 def tokens_per_update(config: Dict[str, Any]) -> Optional[int]:
@@ -275,57 +288,30 @@ def tokens_per_update(config: Dict[str, Any]) -> Optional[int]:
     return int(max_tokens) * int(update_freq[0]) * int(world)
 
 
-# the plan reaches its target to within 0.1% at any GPU count (fairseq_posenc/recipe/plan.py): two layouts
-# whose tokens per update are that close are the same batch
-BATCH_TOLERANCE = 0.001
+def budget(config: Dict[str, Any]):
+    """(max_update, max_epoch), None for fairseq's 0 (no limit)."""
+    return (config.get("optimization.max_update") or None, config.get("optimization.max_epoch") or None)
 
 
-def differences(recorded: Dict[str, Any], asked: Dict[str, Any], inputs: bool = True) -> List[str]:
-    """The differences that make ``asked`` another run than ``recorded``, one ``field: old -> new``
-    each; empty when the checkpoints may be reused. ``inputs=False`` leaves out the content of the
-    checkpoints the run starts from (where the stage they come from is keyed by its own stamp)."""
-    # a field fairseq keeps in several sections (lr in optimization, optimizer, lr_scheduler and
-    # the model's namespace) is named once, with the sections it differs in
-    grouped: Dict[Tuple[str, str, str], List[str]] = {}
-    for key in sorted(set(recorded) | set(asked)):
-        old, new = recorded.get(key, "(unset)"), asked.get(key, "(unset)")
-        if not inputs and key.startswith("inputs."):
-            continue
-        if old != new and field_name(key) not in MAY_DIFFER:
-            section = key.rsplit(".", 1)[0] if "." in key else ""
-            grouped.setdefault((field_name(key), _show(old), _show(new)), []).append(section)
-    changed = [f"{name}: {old} -> {new}" + (f" ({', '.join(s for s in sections if s)})" if any(sections) else "")
-               for (name, old, new), sections in sorted(grouped.items())]
-    old_tokens, new_tokens = tokens_per_update(recorded), tokens_per_update(asked)
-    if old_tokens != new_tokens and (not old_tokens or not new_tokens
-                                     or abs(new_tokens - old_tokens) > BATCH_TOLERANCE * old_tokens):
-        changed.append(f"tokens per update (max_tokens x update_freq x world size): {old_tokens} -> {new_tokens}")
-    return changed
+def identity(config: Dict[str, Any], extra: Optional[Dict[str, str]] = None) -> str:
+    """12 hex digits naming the model of ``config`` trained on what ``extra`` names by content (the
+    training data, the checkpoint it starts from, the code: fairseq_posenc/recipe/train_job.py)."""
+    text = json.dumps([hashed_fields(config), sorted((extra or {}).items())], sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def differences(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
+    """``field: old -> new`` for each hashed field that differs (what makes two configurations two
+    models), a field that fairseq keeps in several sections named once."""
+    old, new = hashed_fields(old), hashed_fields(new)
+    changed: Dict[str, None] = {}
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key, "(unset)"), new.get(key, "(unset)")
+        if before != after:
+            changed.setdefault(f"{key.rpartition('.')[2]}: {_show(before)} -> {_show(after)}", None)
+    return list(changed)
 
 
 def _show(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def budget(config: Dict[str, Any]) -> Tuple[Optional[int], Optional[int]]:
-    """(max_update, max_epoch), None for fairseq's 0 (no limit)."""
-    return (config.get("optimization.max_update") or None, config.get("optimization.max_epoch") or None)
-
-
-def without_path_fields(config: Dict[str, Any]) -> Dict[str, Any]:
-    """What identifies the run wherever it lies (the key of a stage that several runs share): the
-    fields that may differ left out, the tokens per update in place of the batch layout. The
-    budget is left out too: a run asking for more extends the shared stage (and every stage
-    started from it restarts), one asking for less is refused by the budget check."""
-    kept = {k: v for k, v in config.items() if field_name(k) not in MAY_DIFFER or k.startswith("inputs.")}
-    kept["tokens_per_update"] = tokens_per_update(config)
-    return kept
-
-
-def identity(config: Dict[str, Any], extra: Iterable[str] = ()) -> str:
-    """12 hex digits naming the run of ``config`` (see :func:`without_path_fields`)."""
-    import hashlib
-
-    text = json.dumps([without_path_fields(config), sorted(extra)], sort_keys=True)
-    return hashlib.sha1(text.encode()).hexdigest()[:12]

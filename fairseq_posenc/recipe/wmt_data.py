@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Fetch the official WMT archives a recipe lists, and extract its corpora as plain text.
 
-    # check (or download: DOWNLOAD_TIMEOUT, default 60 s of silence) every archive of a recipe's `sources` file
-    python fairseq_posenc/recipe/wmt_data.py fetch --sources recipes/wmt14_en_de/sources --raw-dir orig/ [--no-download]
-    # one line naming the archives' content (sha256), kept in --cache between runs: the extract step's key
-    python fairseq_posenc/recipe/wmt_data.py fingerprint --sources recipes/wmt14_en_de/sources --raw-dir orig/ --cache FILE
+    # check (or download, giving up after --timeout s of silence) every archive of a recipe's `sources`
+    # file, or --only one of them
+    python fairseq_posenc/recipe/wmt_data.py fetch --sources recipes/wmt14_en_de/sources --raw-dir orig/ \
+        [--no-download] [--timeout 60] [--only dev.tgz]
     # write train/valid/test.{src,tgt}: training corpora concatenated, .sgm test sets read as text
     python fairseq_posenc/recipe/wmt_data.py extract --sources recipes/wmt14_en_de/sources --raw-dir orig/ \\
         --src en --tgt de --out-dir raw/
@@ -29,7 +29,6 @@ import argparse
 import gzip
 import hashlib
 import itertools
-import json
 import logging
 import os
 import re
@@ -43,7 +42,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional
 
-logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 
 
 class DataError(Exception):
@@ -199,7 +197,7 @@ def check_complete(path: str):
                         f"again (nothing was recorded for it)") from None
 
 
-DOWNLOAD_TIMEOUT = 60.0  # seconds without a byte from the server before a download gives up (env DOWNLOAD_TIMEOUT)
+DOWNLOAD_TIMEOUT = 60.0  # seconds without a byte from the server before a download gives up (corpus.download_timeout)
 
 
 def download(url: str, path: str, timeout: float = DOWNLOAD_TIMEOUT):
@@ -254,108 +252,10 @@ def fetch(archives: List[Archive], raw_dir: str, allow_download: bool, check: bo
                 download(url, path, timeout)
             except OSError as e:
                 if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
-                    e = f"nothing received for {timeout:g} s; DOWNLOAD_TIMEOUT=SECONDS waits longer"
+                    e = f"nothing received for {timeout:g} s; corpus.download_timeout (--timeout) waits longer"
                 raise DataError(f"could not download {url} ({e}): download it by hand into {raw_dir}/ "
                                 f"and pass --raw-dir {raw_dir}") from None
         print("| " + (verify(path, a.checksum) if check else f"{a.file}: checksum not verified (asked not to)"))
-
-
-def fingerprint(archives: List[Archive], raw_dir: str, cache: str = "") -> str:
-    """The extract step's setting: a digest of the archives' names and contents (the sha256 of
-    each), so that a replaced archive redoes the extraction (and everything after it) and the same
-    archives copied elsewhere (other path, other dates) do not. ``cache`` (a JSON file) keeps each
-    archive's sha256 with the path, size, mtime, ctime and inode it was read at: an archive none
-    of them changed is not read again, a copy is read once."""
-    known = _read_digest_cache(cache) if cache else {}
-    digest, hashed = hashlib.sha256(), {}
-    for a in archives:
-        path = archive_path(raw_dir, a.file)
-        if os.path.isfile(path):
-            key = os.path.realpath(path)
-            stat = _stat_entry(path)
-            entry = known.get(key)
-            if not (isinstance(entry, dict) and all(entry.get(k) == v for k, v in stat.items())
-                    and isinstance(entry.get("sha256"), str)):
-                entry = hashed[key] = {**stat, "sha256": file_digest(path, "sha256")}
-            sha = entry["sha256"]
-        else:
-            sha = "missing"
-        digest.update(f"{a.file} {sha}\n".encode())
-    if cache and hashed:
-        _write_digest_cache(cache, {**{k: v for k, v in known.items() if os.path.isfile(k)}, **hashed})
-    return FINGERPRINT_PREFIX + digest.hexdigest()[:16]
-
-
-FINGERPRINT_PREFIX = "sha256-"
-
-
-def _stat_entry(path: str) -> Dict[str, int]:
-    st = os.stat(path)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
-
-
-def _read_digest_cache(cache: str) -> Dict[str, dict]:
-    try:
-        with open(cache, encoding="utf-8") as f:
-            data = json.load(f)
-        return data["files"] if isinstance(data, dict) and isinstance(data.get("files"), dict) else {}
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {}  # none yet, or unreadable: every archive is read again
-
-
-def _write_digest_cache(cache: str, files: Dict[str, dict]):
-    """Written whole through a temporary file: a run stopped half-way, or two runs at once, leave
-    one complete cache (at worst without an entry, which is then read again)."""
-    tmp = f"{cache}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"about": "sha256 of the archives, by path, size, mtime, ctime and inode "
-                                "(fairseq_posenc/recipe/wmt_data.py fingerprint)", "files": files}, f, indent=1, sort_keys=True)
-        os.replace(tmp, cache)
-    except OSError as e:
-        print(f"   (the archives' sha256 could not be kept in {cache}: {e}; the next run reads them again)",
-              file=sys.stderr)
-
-
-def legacy_fingerprint(archives: List[Archive], raw_dir: str) -> str:
-    """The fingerprint of earlier versions (names, sizes and modification times), recognised
-    once so that an extraction made with it is not redone only because the key changed."""
-    digest = hashlib.md5()
-    for a in archives:
-        path = archive_path(raw_dir, a.file)
-        st = os.stat(path) if os.path.isfile(path) else None
-        digest.update(f"{a.file} {st.st_size if st else -1} {st.st_mtime_ns if st else -1}\n".encode())
-    return digest.hexdigest()[:16]
-
-
-def upgrade_marker(marker: str, archives: List[Archive], raw_dir: str, new: str, key: str = "archives") -> bool:
-    """A step marker (fairseq_posenc/recipe/steps.py's JSON) whose ``key`` setting is the legacy fingerprint of
-    these very archives (same names, sizes and dates: what earlier versions trusted) gets ``new``
-    in its place, its stamp kept, so that neither it nor the steps after it run again. Anything
-    else (no marker, another value, another format) is left as it is. True when upgraded."""
-    try:
-        with open(marker, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-    settings = data.get("settings") if isinstance(data, dict) else None
-    old = settings.get(key) if isinstance(settings, dict) else None
-    if not (isinstance(old, str) and re.fullmatch(r"[0-9a-f]{16}", old)):
-        return False  # none, or already a content key
-    if old != legacy_fingerprint(archives, raw_dir):
-        return False  # other archives, or the same ones with other dates: the step is redone
-    settings[key] = new
-    tmp = f"{marker}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, marker)
-    except OSError:
-        return False
-    print(f"   the archives are now keyed by their content (sha256), no longer by their dates: "
-          f"{os.path.basename(marker)} of the earlier run kept", file=sys.stderr)
-    return True
 
 
 def read_sgm(text: str) -> List[str]:
@@ -499,42 +399,38 @@ def _count(path: str, name: str) -> int:
 
 
 def main(argv: Optional[List[str]] = None):
+    # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py); not at
+    # import: the workflow imports this module into Snakemake's process, whose log it would repeat
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_fetch = sub.add_parser("fetch", help="check the archives, downloading the missing ones")
     p_fetch.add_argument("--no-download", action="store_true", help="stop at the first missing archive")
     p_fetch.add_argument("--no-verify", action="store_true", help="do not check the published checksums")
     p_fetch.add_argument("--mirror", default="", help="download FILE from MIRROR/FILE (a URL) instead of its URL")
-    p_fetch.add_argument("--timeout", type=float, default=os.environ.get("DOWNLOAD_TIMEOUT") or str(DOWNLOAD_TIMEOUT),
-                         help="give up on a server that sends nothing for this many seconds "
-                              f"(env DOWNLOAD_TIMEOUT, default {DOWNLOAD_TIMEOUT:g})")
-    p_print = sub.add_parser("fingerprint", help="print one line that changes when an archive's content changes")
-    p_print.add_argument("--cache", default="", help="a JSON file keeping each archive's sha256 between runs "
-                                                     "(by path, size, mtime, ctime and inode)")
-    p_print.add_argument("--upgrade-marker", default="", metavar="MARKER",
-                         help="a step marker recording the earlier size-and-date fingerprint of these same "
-                              "archives gets the new one instead (fairseq_posenc/recipe/steps.py's JSON, setting 'archives')")
+    p_fetch.add_argument("--timeout", type=float, default=DOWNLOAD_TIMEOUT,
+                         help=f"give up on a server that sends nothing for this many seconds (default {DOWNLOAD_TIMEOUT:g})")
+    p_fetch.add_argument("--only", default="", help="this archive of the sources file alone (its FILE)")
     p_extract = sub.add_parser("extract", help="write SPLIT.{src,tgt} from the archives' members")
     p_extract.add_argument("--out-dir", required=True)
-    for p in (p_fetch, p_extract, p_print):
+    for p in (p_fetch, p_extract):
         p.add_argument("--sources", required=True, help="the recipe's sources file")
         p.add_argument("--raw-dir", required=True, help="where the archives are (or go)")
         p.add_argument("--src", default="", help="source language (fills {src} in member names)")
         p.add_argument("--tgt", default="", help="target language (fills {tgt})")
     args = parser.parse_args(argv)
     if args.command == "fetch" and not args.timeout > 0:
-        parser.error(f"--timeout (DOWNLOAD_TIMEOUT) must be a number of seconds above 0, got {args.timeout:g}")
+        parser.error(f"--timeout must be a number of seconds above 0, got {args.timeout:g}")
     prog = os.path.basename(sys.argv[0] if argv is None else "wmt_data.py")
     try:
         archives, corpora = read_sources(args.sources, args.src, args.tgt)
         if args.command == "fetch":
+            if args.only:
+                archives = [a for a in archives if a.file == args.only]
+                if not archives:
+                    raise DataError(f"--only {args.only}: not an archive of {args.sources}")
             fetch(archives, args.raw_dir, allow_download=not args.no_download, check=not args.no_verify,
                   mirror=args.mirror, timeout=args.timeout)
-        elif args.command == "fingerprint":
-            key = fingerprint(archives, args.raw_dir, args.cache)
-            if args.upgrade_marker:
-                upgrade_marker(args.upgrade_marker, archives, args.raw_dir, key)
-            print(key)
         else:
             counts = extract(corpora, args.raw_dir, args.src, args.tgt, args.out_dir)
             print("| " + ", ".join(f"{k}: {v} pairs" for k, v in counts.items()))

@@ -1,0 +1,262 @@
+#!/usr/bin/env python
+"""Preparing a corpus as fairseq's examples/translation/prepare-*.sh make it, one step per rule of
+recipes/rules/prepare.smk, each step's settings a JSON object (the rule's params):
+
+    python fairseq_posenc/recipe/prepare.py tokenize --data data/wmt14_en_de --settings JSON
+    python fairseq_posenc/recipe/prepare.py segment  --data data/wmt14_en_de --settings JSON
+    python fairseq_posenc/recipe/prepare.py binarize --data data/wmt14_en_de --settings JSON
+    python fairseq_posenc/recipe/prepare.py length-split --data DATA --out DIR --settings JSON --corpus JSON
+
+WMT (prepare-wmt14en2*.sh): Moses' punctuation normalisation, non-printing characters to spaces
+and the tokenizer with -a on training and validation text (the test set only has its curly
+apostrophes straightened, so that tokenized BLEU's references are fairseq's); every Nth training
+pair validates (``valid: split``) or the official set does; joint BPE learned on the training
+part; training pairs cleaned to 1-250 BPE tokens with ratio 1.5; the test set kept whole.
+
+IWSLT'14 (prepare-iwslt14.sh): the tokenizer without -a nor normalisation, training pairs cleaned
+to 1-175 tokens with ratio 1.5 before lowercasing, every 23rd pair validates, 10k BPE merges
+learned on both training sides concatenated, a dictionary per language.
+
+Besides DATA/{train,valid,test}.{src,tgt} (segmented) a step leaves DATA/train.tok.* (the training
+pairs before BPE, for counting words) and DATA/test.raw.* (the references SacreBLEU scores against).
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEXT = os.path.join(HERE, "text.py")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+class PrepareError(Exception):
+    pass
+
+
+def _bin(name: str) -> str:
+    """A command of this Python environment (the venv's bin/), else from PATH."""
+    local = os.path.join(os.path.dirname(sys.executable), name)
+    return local if os.path.exists(local) else name
+
+
+def _run(cmd: List[str], stdin=None, stdout=None, log: str = ""):
+    out = open(log, "w") if log else None
+    try:
+        proc = subprocess.run(cmd, stdin=stdin, stdout=stdout if stdout is not None else out,
+                              stderr=out if out else None)
+    finally:
+        if out:
+            out.close()
+    if proc.returncode:
+        tail = open(log).read()[-2000:] if log else ""
+        raise PrepareError(f"{os.path.basename(cmd[0])} {' '.join(cmd[1:3])} ... failed (exit {proc.returncode})"
+                           + (f" (log: {log})\n{tail}" if log else ""))
+
+
+def _filter(cmd: List[str], src: str, dst: str):
+    """cmd < src > dst, dst replaced whole."""
+    with open(src, "rb") as fin, open(dst + ".tmp", "wb") as fout:
+        _run(cmd, stdin=fin, stdout=fout)
+    os.replace(dst + ".tmp", dst)
+
+
+def _lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+# ------------------------------------------------------------------------------------------------
+def tokenize(data: str, s: Dict, workers: int):
+    os.makedirs(os.path.join(data, "tok"), exist_ok=True)
+    for split in s["splits"]:
+        for lang in (s["src"], s["tgt"]):
+            raw = os.path.join(data, "raw", f"{split}.{lang}")
+            print(f"| {split}.{lang}: {_lines(raw)} lines", flush=True)
+            cmd = [sys.executable, TEXT, "tokenize", "--lang", lang, "--workers", str(workers)]
+            cmd += ["--plain"] if s["style"] == "iwslt" else []
+            cmd += ["--test-set"] if split == "test" else []
+            _filter(cmd, raw, os.path.join(data, "tok", f"{split}.{lang}"))
+
+
+def _every(src: str, out_keep: str, out_take: str, n: int):
+    """Every nth line (1-based: line n, 2n, ...) to out_take, the others to out_keep."""
+    with open(src, encoding="utf-8") as f, open(out_keep, "w", encoding="utf-8") as keep, \
+            open(out_take, "w", encoding="utf-8") as take:
+        for number, line in enumerate(f, 1):
+            (take if number % n == 0 else keep).write(line)
+
+
+def _apply(data: str, s: Dict, src: str, dst: str):
+    if s["bpe"] == "sentencepiece":
+        _filter([sys.executable, TEXT, "spm-encode", "--model", os.path.join(data, "bpe", "spm.model")], src, dst)
+    else:
+        _filter([_bin("subword-nmt"), "apply-bpe", "-c", os.path.join(data, "bpe", "code")], src, dst)
+
+
+def _learn(data: str, s: Dict, train: List[str], workers: int, joint_vocab: bool):
+    os.makedirs(os.path.join(data, "bpe"), exist_ok=True)
+    if s["bpe"] == "sentencepiece":
+        _run([sys.executable, TEXT, "spm-train", "--input", *train, "--model-prefix", os.path.join(data, "bpe", "spm"),
+              "--vocab-size", str(s["bpe_size"])])
+    elif joint_vocab:  # prepare-wmt14en2*.sh
+        _run([_bin("subword-nmt"), "learn-joint-bpe-and-vocab", "--input", *train, "-s", str(s["bpe_size"]),
+              "-o", os.path.join(data, "bpe", "code.tmp"), "--write-vocabulary",
+              *[os.path.join(data, "bpe", f"vocab.{lang}") for lang in (s["src"], s["tgt"])],
+              "--num-workers", str(workers)])
+        os.replace(os.path.join(data, "bpe", "code.tmp"), os.path.join(data, "bpe", "code"))
+    else:  # prepare-iwslt14.sh: learn_bpe.py on both training sides concatenated
+        both = os.path.join(data, "bpe", "train.both")
+        with open(both, "wb") as out:
+            for path in train:
+                with open(path, "rb") as f:
+                    shutil.copyfileobj(f, out)
+        _filter([_bin("subword-nmt"), "learn-bpe", "-s", str(s["bpe_size"])], both, os.path.join(data, "bpe", "code"))
+        os.remove(both)
+
+
+def _clean(src: str, tgt: str, out_src: str, out_tgt: str, max_len: int, also=(), also_out=()):
+    cmd = [sys.executable, TEXT, "clean", "--src", src, "--tgt", tgt, "--out-src", out_src, "--out-tgt", out_tgt,
+           "--ratio", "1.5", "--min-len", "1", "--max-len", str(max_len)]
+    if also:
+        cmd += ["--also", *also, "--also-out", *also_out]
+    _run(cmd)
+
+
+def segment(data: str, s: Dict, workers: int):
+    src, tgt = s["src"], s["tgt"]
+    langs = (src, tgt)
+    p = lambda *parts: os.path.join(data, *parts)  # noqa: E731
+    for d in ("split", "bpe"):
+        os.makedirs(p(d), exist_ok=True)
+    if s["style"] == "iwslt":
+        os.makedirs(p("clean"), exist_ok=True)
+        os.makedirs(p("lc"), exist_ok=True)
+        # cleaned before lowercasing and before the split, on the tokens: the split counts cleaned pairs
+        _clean(p("tok", f"train.{src}"), p("tok", f"train.{tgt}"), p("clean", f"train.{src}"),
+               p("clean", f"train.{tgt}"), s["max_len"])
+        for lang in langs:
+            _filter([sys.executable, TEXT, "lowercase"], p("clean", f"train.{lang}"), p("lc", f"train.{lang}"))
+            _filter([sys.executable, TEXT, "lowercase"], p("tok", f"test.{lang}"), p("lc", f"test.{lang}"))
+            _every(p("lc", f"train.{lang}"), p("split", f"train.{lang}"), p("split", f"valid.{lang}"), s["valid_every"])
+        _learn(data, s, [p("split", f"train.{lang}") for lang in langs], workers, joint_vocab=False)
+        for lang in langs:
+            _apply(data, s, p("split", f"train.{lang}"), p(f"train.{lang}"))
+            _apply(data, s, p("split", f"valid.{lang}"), p(f"valid.{lang}"))
+            _apply(data, s, p("lc", f"test.{lang}"), p(f"test.{lang}"))
+            shutil.copyfile(p("split", f"train.{lang}"), p(f"train.tok.{lang}"))
+            shutil.copyfile(p("raw", f"test.{lang}"), p(f"test.raw.{lang}"))
+    else:
+        for lang in langs:
+            if s["valid"] == "split":
+                _every(p("tok", f"train.{lang}"), p("split", f"train.{lang}"), p("split", f"valid.{lang}"),
+                       s["valid_every"])
+            else:
+                shutil.copyfile(p("tok", f"train.{lang}"), p("split", f"train.{lang}"))
+                shutil.copyfile(p("tok", f"valid.{lang}"), p("split", f"valid.{lang}"))
+        _learn(data, s, [p("split", f"train.{lang}") for lang in langs], workers, joint_vocab=True)
+        for lang in langs:
+            for split, source in (("train", p("split", f"train.{lang}")), ("valid", p("split", f"valid.{lang}")),
+                                  ("test", p("tok", f"test.{lang}"))):
+                _apply(data, s, source, p("bpe", f"{split}.{lang}"))
+        _clean(p("bpe", f"train.{src}"), p("bpe", f"train.{tgt}"), p(f"train.{src}"), p(f"train.{tgt}"),
+               s["max_len"], also=[p("split", f"train.{lang}") for lang in langs],
+               also_out=[p(f"train.tok.{lang}") for lang in langs])
+        if s["valid"] == "split":
+            _clean(p("bpe", f"valid.{src}"), p("bpe", f"valid.{tgt}"), p(f"valid.{src}"), p(f"valid.{tgt}"),
+                   s["max_len"])
+        for lang in langs:
+            if s["valid"] != "split":
+                shutil.copyfile(p("bpe", f"valid.{lang}"), p(f"valid.{lang}"))
+            shutil.copyfile(p("bpe", f"test.{lang}"), p(f"test.{lang}"))
+            shutil.copyfile(p("raw", f"test.{lang}"), p(f"test.raw.{lang}"))  # SacreBLEU's references
+    for split in ("train", "valid", "test"):
+        print(f"| {split}: {_lines(p(f'{split}.{src}'))} sentence pairs ({data}/{split}.{{{src},{tgt}}})", flush=True)
+
+
+def binarize(data: str, s: Dict, workers: int):
+    dest = os.path.join(data, "data-bin")
+    tmp = dest + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [_bin("fairseq-preprocess"), "--source-lang", s["src"], "--target-lang", s["tgt"],
+           "--trainpref", os.path.join(data, "train"), "--validpref", os.path.join(data, "valid"),
+           "--testpref", os.path.join(data, "test"), "--destdir", tmp, "--workers", str(workers)]
+    cmd += ["--joined-dictionary"] if s["joined_dictionary"] else []
+    _run(cmd, log=os.path.join(data, "preprocess.log"))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+
+
+def length_split(data: str, out: str, s: Dict, c: Dict, workers: int):
+    """The extrapolation study's split (FLOATER Sec. 4.3): train and validate on the pairs whose
+    source is shorter than train_below (counted in subwords, or in words before BPE), test on the
+    longer ones, binarized with the corpus's own dictionaries."""
+    src, tgt = c["src"], c["tgt"]
+    subwords = s["unit"] == "subwords"
+    counted = os.path.join(data, "train" if subwords else "train.tok")
+    split = os.path.join(out, "text")
+    shutil.rmtree(split, ignore_errors=True)  # no bin file of earlier bins may stay behind
+    seg = "none" if subwords else ("sentencepiece" if c["bpe"] == "sentencepiece" else "subword_nmt")
+    _run([sys.executable, os.path.join(ROOT, "scripts", "length_split.py"), "--src", f"{counted}.{src}",
+          "--tgt", f"{counted}.{tgt}", "--src-lang", src, "--tgt-lang", tgt, "--out-dir", split,
+          "--train-below", str(s["train_below"]), "--bins", *map(str, s["bins"]), "--unit", s["unit"],
+          "--valid-src", os.path.join(data, f"valid.{src}"), "--valid-tgt", os.path.join(data, f"valid.{tgt}"),
+          "--valid-segmentation", seg])
+    for lang in (src, tgt):  # one test set of every long pair (the report bins by length)
+        with open(os.path.join(split, f"long.{lang}"), "wb") as f:
+            for part in sorted(glob.glob(os.path.join(split, f"long.*.{lang}"))):
+                with open(part, "rb") as g:
+                    shutil.copyfileobj(g, f)
+    segmented = split
+    if not subwords:
+        segmented = os.path.join(split, "bpe")
+        os.makedirs(segmented, exist_ok=True)
+        for part in ("train", "long"):
+            for lang in (src, tgt):
+                _apply(data, c, os.path.join(split, f"{part}.{lang}"), os.path.join(segmented, f"{part}.{lang}"))
+    if not os.path.getsize(os.path.join(segmented, f"long.{src}")):
+        raise PrepareError(f"no training pair of {data} has a source of {s['train_below']} {s['unit']} or more")
+    dicts = [os.path.join(data, "data-bin", f"dict.{lang}.txt") for lang in (src, tgt)]
+    same = open(dicts[0], "rb").read() == open(dicts[1], "rb").read()
+    flags = ["--srcdict", dicts[0], "--joined-dictionary"] if same else ["--srcdict", dicts[0], "--tgtdict", dicts[1]]
+    dest = os.path.join(out, "data-bin")
+    shutil.rmtree(dest, ignore_errors=True)
+    _run([_bin("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt, "--trainpref",
+          os.path.join(segmented, "train"), "--validpref", os.path.join(split, "valid"), "--testpref",
+          os.path.join(segmented, "long"), "--destdir", dest + ".tmp", *flags, "--workers", str(workers)],
+         log=os.path.join(out, "preprocess.log"))
+    os.replace(dest + ".tmp", dest)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("tokenize", "segment", "binarize", "length-split"):
+        p = sub.add_parser(name)
+        p.add_argument("--data", required=True, help="the corpus's directory")
+        p.add_argument("--settings", required=True, help="the step's settings (JSON)")
+        p.add_argument("--workers", type=int, default=1)
+        if name == "length-split":
+            p.add_argument("--out", required=True, help="where the split goes")
+            p.add_argument("--corpus", required=True, help="the corpus's settings (JSON)")
+    args = parser.parse_args(argv)
+    settings = json.loads(args.settings)
+    try:
+        if args.command == "tokenize":
+            tokenize(args.data, settings, args.workers)
+        elif args.command == "segment":
+            segment(args.data, settings, args.workers)
+        elif args.command == "binarize":
+            binarize(args.data, settings, args.workers)
+        else:
+            length_split(args.data, args.out, settings, json.loads(args.corpus), args.workers)
+    except (PrepareError, OSError, ValueError) as e:
+        parser.exit(2, f"prepare.py {args.command}: error: {e}\n")
+
+
+if __name__ == "__main__":
+    main()

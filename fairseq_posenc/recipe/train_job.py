@@ -1,0 +1,253 @@
+#!/usr/bin/env python
+"""One training job of recipes/Snakefile: fairseq-train in a checkpoint directory named by a hash,
+then a record (the job's declared output) written only when the checkpoint reached its budget.
+
+    python fairseq_posenc/recipe/train_job.py --record runs/x/models/alibi/seed1/trained.json \\
+        --checkpoints runs/x/checkpoints --config-id ID --code KEY --data DATA_BIN \\
+        [--start RECORD] [--teacher CHECKPOINT] [--max-update N] [--max-epoch E] [--launcher "srun ..."] \\
+        -- fairseq-train DATA_BIN --arch ... (no --save-dir)
+
+The directory is CHECKPOINTS/HASH, HASH of what the model is: the resolved configuration's hash
+(``--config-id``: fairseq_posenc/recipe/train_config.py, which names what it leaves out and why),
+the training data's content (dictionaries, train and valid of DATA_BIN), the content of the
+checkpoint a warm start reads (the start's record names its directory: ``{start}`` in the
+command), the teacher's, and the code (``--code``: fairseq_posenc/recipe/workflow.py code_key).
+Snakemake deletes a job's outputs before it runs; the directory is none of them, so a job that
+runs again (preempted, killed, its command changed in a field the hash leaves out, a larger
+budget) goes on from fairseq's checkpoint_last.pt there, and one whose checkpoint already
+reached the budget trains nothing.
+
+After fairseq-train, whatever its exit code, the checkpoint decides: at the budget the record is
+written (a rank aborting at teardown after the last save has finished); below it an exit 0 is an
+error naming --stop-time-hours and --patience (fairseq stopped early on its own), and a failure is
+the job's failure. A checkpoint past the budget (a smaller budget than this directory was
+trained to) is refused: its interval checkpoints are not the ones of this budget.
+"""
+import argparse
+import glob
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from typing import List, Optional, Tuple
+
+WHOLE_FILE_LIMIT = 64 << 20  # larger files: their size and first and last 4 MB
+PART = 4 << 20
+TRAINING_DATA = ("dict.*", "train.*", "valid.*")  # what fairseq-train reads of a data-bin
+# the seconds fairseq-train ran in a checkpoint directory, kept there: a job run again that trains
+# nothing writes the same record as before (Snakemake then runs nothing after it: the record's
+# checksum is the same)
+SECONDS = "train_seconds.json"
+
+
+class JobError(Exception):
+    """What failed, in one line."""
+
+
+def _file_digest(path: str, digest) -> None:
+    size = os.path.getsize(path)
+    digest.update(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= WHOLE_FILE_LIMIT:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        else:
+            digest.update(f.read(PART))
+            f.seek(size - PART)
+            digest.update(f.read(PART))
+
+
+def fingerprint(path: str, patterns=None) -> str:
+    """12 hex digits of the content of a file, or of a directory's files matching ``patterns``
+    (names relative to it): not the path, not modification times."""
+    import fnmatch
+
+    digest = hashlib.sha1()
+    if os.path.isdir(path):
+        files = sorted(os.path.relpath(f, path) for f in glob.glob(os.path.join(path, "**"), recursive=True)
+                       if os.path.isfile(f) and not f.endswith(".log"))
+        if patterns:
+            files = [f for f in files if any(fnmatch.fnmatch(os.path.basename(f), p) for p in patterns)]
+        if not files:
+            raise JobError(f"{path} holds no file to fingerprint")
+        for name in files:
+            digest.update(name.encode() + b"\0")
+            _file_digest(os.path.join(path, name), digest)
+    elif os.path.isfile(path):
+        _file_digest(path, digest)
+    else:
+        raise JobError(f"no file or directory {path}")
+    return digest.hexdigest()[:12]
+
+
+def read_progress(path: str) -> Tuple[int, int]:
+    """(updates, finished epochs) of a fairseq checkpoint."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception:  # an older (non-zip) checkpoint cannot be memory-mapped
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    updates = state["optimizer_history"][-1]["num_updates"]
+    iterator = state.get("extra_state", {}).get("train_iterator", {})
+    # fairseq stores the next epoch once an epoch is over, the current one during it
+    return updates, iterator.get("epoch", 1) - 1
+
+
+def reached(progress: Tuple[int, int], max_update: Optional[int], max_epoch: Optional[int]) -> str:
+    """'' below the budget, 'at' at it (where fairseq stops), 'past' beyond it."""
+    updates, epochs = progress
+    if (max_update and updates > max_update) or (max_epoch and epochs > max_epoch):
+        return "past"
+    if (max_update and updates == max_update) or (max_epoch and epochs == max_epoch):
+        return "at"
+    return ""
+
+
+def describe(max_update: Optional[int], max_epoch: Optional[int]) -> str:
+    return " or ".join(x for x in (max_update and f"update {max_update}", max_epoch and f"epoch {max_epoch}") if x)
+
+
+def read_record(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def checkpoint_dir(args, start_dir: str) -> Tuple[str, dict]:
+    """(the directory, what its hash covers)."""
+    keyed = {"config": args.config_id, "code": args.code,
+             "data": fingerprint(args.data, TRAINING_DATA)}
+    if start_dir:
+        keyed["start"] = fingerprint(os.path.join(start_dir, "checkpoint_best.pt"))
+    if args.teacher:
+        keyed["teacher"] = fingerprint(args.teacher)
+    name = hashlib.sha1(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
+    return os.path.join(args.checkpoints, name), keyed
+
+
+def run(args, command: List[str]) -> dict:
+    start_dir = ""
+    if args.start:
+        start_dir = read_record(args.start)["checkpoints"]
+    save_dir, keyed = checkpoint_dir(args, start_dir)
+    command = [item.replace("{start}", start_dir).replace("{teacher}", args.teacher or "") for item in command]
+    os.makedirs(save_dir, exist_ok=True)
+    last = os.path.join(save_dir, "checkpoint_last.pt")
+    budget = describe(args.max_update, args.max_epoch)
+    if not budget:
+        raise JobError("no budget: give --max-update or --max-epoch (fairseq-train would never stop)")
+    seconds = 0.0
+    done = read_progress(last) if os.path.isfile(last) else None
+    state = reached(done, args.max_update, args.max_epoch) if done else ""
+    if state == "past":
+        raise JobError(f"{last} is at update {done[0]} (epoch {done[1]}), past this job's budget ({budget}): the "
+                       f"directory holds a longer run of this model, whose interval checkpoints are not this "
+                       f"budget's; raise the budget to go on from it, or delete {save_dir} to train this one")
+    if state == "at":
+        print(f"| {save_dir}: trained before to update {done[0]} (epoch {done[1]}), the budget ({budget}): nothing "
+              "to train", flush=True)
+    else:
+        what = f"resuming from update {done[0]}" if done else "from scratch"
+        full = [*shlex.split(args.launcher), *command, "--save-dir", save_dir]
+        print(f"| {save_dir}: training {what} to {budget} (log: {save_dir}/train.log)", flush=True)
+        began = time.time()
+        with open(os.path.join(save_dir, "train.log"), "a", encoding="utf-8") as log:
+            log.write(f"\n== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(full)}\n")
+            log.flush()
+            code = subprocess.call(full, stdout=log, stderr=subprocess.STDOUT)
+        seconds = time.time() - began
+        _add_seconds(save_dir, seconds)
+        done = read_progress(last) if os.path.isfile(last) else None
+        state = reached(done, args.max_update, args.max_epoch) if done else ""
+        tail = _tail(os.path.join(save_dir, "train.log"))
+        if not state:
+            where = f"stopped at update {done[0]} (epoch {done[1]})" if done else "saved no checkpoint_last.pt"
+            if code == 0:
+                raise JobError(f"fairseq-train exited 0 but {where}, before its budget ({budget}): it stopped "
+                               "early on its own (--stop-time-hours, --patience); no record is written, so nothing "
+                               f"downstream uses it (log: {save_dir}/train.log)\n{tail}")
+            raise JobError(f"fairseq-train failed (exit {code}) and {where}, before its budget ({budget}); the next "
+                           f"run goes on from there (log: {save_dir}/train.log)\n{tail}")
+        if state == "past":
+            raise JobError(f"fairseq-train went past the budget ({budget}) to update {done[0]}")
+        if code != 0:
+            print(f"| fairseq-train exited {code} after its last save at the budget: finished", flush=True)
+    if args.link:
+        _link(args.link, save_dir)
+    record = {"checkpoints": save_dir, "hash": os.path.basename(save_dir), "keyed": keyed,
+              "software": json.loads(args.software) if args.software else {},
+              "budget": {"max_update": args.max_update, "max_epoch": args.max_epoch},
+              "updates": done[0], "epochs": done[1], "train_seconds": round(_seconds(save_dir), 1),
+              "command": command}
+    tmp = f"{args.record}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+    os.replace(tmp, args.record)
+    print(f"| {args.record}: update {done[0]}, epoch {done[1]} ({budget})", flush=True)
+    return record
+
+
+def _seconds(save_dir: str) -> float:
+    """The seconds fairseq-train has run in ``save_dir``, over every run that trained there."""
+    try:
+        with open(os.path.join(save_dir, SECONDS), encoding="utf-8") as f:
+            return float(json.load(f)["seconds"])
+    except (OSError, ValueError, KeyError):
+        return 0.0
+
+
+def _add_seconds(save_dir: str, seconds: float):
+    path = os.path.join(save_dir, SECONDS)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"seconds": _seconds(save_dir) + seconds}, f)
+    os.replace(path + ".tmp", path)
+
+
+def _link(link: str, target: str):
+    """LINK -> the checkpoint directory, for people (and the average rule) to find it."""
+    tmp = f"{link}.tmp"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(os.path.relpath(target, os.path.dirname(os.path.abspath(link)) or "."), tmp)
+    os.replace(tmp, link)
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        sys.exit("train_job.py: error: give fairseq-train's command after --")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record", required=True, help="the record to write once the budget is reached")
+    parser.add_argument("--checkpoints", required=True, help="where the checkpoint directories go")
+    parser.add_argument("--config-id", required=True, help="hash of the resolved configuration (train_config.identity)")
+    parser.add_argument("--code", required=True, help="hash of the code the model trains with (workflow.code_key)")
+    parser.add_argument("--software", default="", help="JSON of the versions recorded with the model")
+    parser.add_argument("--data", required=True, help="the data-bin fairseq-train reads")
+    parser.add_argument("--start", default="", help="the record of the model a warm start reads")
+    parser.add_argument("--teacher", default="", help="the checkpoint a distilled student learns from")
+    parser.add_argument("--max-update", type=int, default=None)
+    parser.add_argument("--max-epoch", type=int, default=None)
+    parser.add_argument("--launcher", default="", help="what starts fairseq-train (srun on several nodes)")
+    parser.add_argument("--link", default="", help="a symlink to the checkpoint directory")
+    args = parser.parse_args(argv[:split])
+    try:
+        run(args, argv[split + 1:])
+    except (JobError, OSError, KeyError, ValueError) as e:
+        print(f"train_job.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

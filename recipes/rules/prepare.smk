@@ -1,0 +1,122 @@
+# Preparing the study's corpus: the demo's generated pair, or a corpus's archives -> plain text ->
+# tokens -> subwords -> fairseq-preprocess, as fairseq's prepare-*.sh scripts make them
+# (fairseq_posenc/recipe/prepare.py). Each rule's params hold the settings it runs with, its
+# inputs the sources file, the archives and the scripts it runs: an edit of any redoes it and what
+# follows.
+import re
+import shlex
+
+from fairseq_posenc.recipe.corpus import Corpus
+
+DATA = STUDY.data
+CORPUS = Corpus.of(STUDY)
+
+if CORPUS.style == "toy":
+
+    rule toy_corpus:
+        input:
+            scripts=scripts(f"{RECIPE_PY}/toy_corpus.py"),
+        output:
+            directory(DATA + "/data-bin"),
+        params:
+            toy=json.dumps(STUDY.config["corpus"]["toy"], sort_keys=True),
+        shell:
+            "{PY} {RECIPE_PY}/toy_corpus.py --settings {params.toy:q} --out {DATA}"
+
+else:
+
+    # how the archives are fetched and checked (corpus.download, .download_timeout, .mirror,
+    # .verify_checksums): in the commands, not params, so that another timeout prepares nothing again
+    DOWNLOAD = shlex.join(CORPUS.download_command())
+    VERIFY = shlex.join(CORPUS.verify_command())
+
+    # on the submitting host, also under the SLURM profile: a download needs the internet, which
+    # compute nodes often lack, and the extraction reads the archives where they were put
+    localrules: download, extract
+
+    rule download:
+        # one job per missing archive of the sources file (corpus.download: false fails it, naming
+        # where to put the archive). An archive that is there runs nothing. Write-protected once
+        # downloaded: Snakemake deletes a job's outputs before running it again, which no change
+        # of the workflow may do to an archive
+        output:
+            protected(os.path.join(STUDY.config["corpus"]["archives"], "{archive}")),
+        wildcard_constraints:
+            archive="|".join(re.escape(name) for name in CORPUS.archive_names()),
+        retries: 1
+        shell:
+            "{PY} {RECIPE_PY}/wmt_data.py {DOWNLOAD} --only {wildcards.archive:q}"
+
+    rule extract:
+        # the archives checked (their published checksums; IWSLT's recorded at its first use), then
+        # their members as plain text
+        input:
+            sources=CORPUS.sources,
+            archives=CORPUS.archive_paths(),
+            scripts=scripts(f"{RECIPE_PY}/wmt_data.py"),
+        output:
+            [f"{DATA}/raw/{split}.{lang}" for split in ("train", "valid", "test") for lang in CORPUS.langs
+             if split != "valid" or CORPUS.has_valid],
+        params:
+            command=CORPUS.extract_command(),
+        shell:
+            "{PY} {RECIPE_PY}/wmt_data.py {VERIFY} && {PY} {RECIPE_PY}/wmt_data.py {params.command:q}"
+
+    rule tokenize:
+        input:
+            rules.extract.output,
+            scripts=scripts(f"{RECIPE_PY}/prepare.py"),
+        output:
+            [f"{DATA}/tok/{split}.{lang}" for split in ("train", "valid", "test") for lang in CORPUS.langs
+             if split != "valid" or CORPUS.has_valid],
+        params:
+            settings=CORPUS.tokenize_settings(),
+        threads: CORPUS.workers
+        shell:
+            "{PY} {RECIPE_PY}/prepare.py tokenize --data {DATA} --settings {params.settings:q} --workers {threads}"
+
+    rule segment:
+        input:
+            rules.tokenize.output,
+            scripts=scripts(f"{RECIPE_PY}/prepare.py"),
+        output:
+            [f"{DATA}/{split}.{lang}" for split in ("train", "valid", "test") for lang in CORPUS.langs]
+            + [f"{DATA}/train.tok.{lang}" for lang in CORPUS.langs]
+            + [f"{DATA}/test.raw.{lang}" for lang in CORPUS.langs]
+            + [CORPUS.bpe_model()],
+        params:
+            settings=CORPUS.segment_settings(),
+        threads: CORPUS.workers
+        shell:
+            "{PY} {RECIPE_PY}/prepare.py segment --data {DATA} --settings {params.settings:q} --workers {threads}"
+
+    rule binarize:
+        input:
+            rules.segment.output,
+            scripts=scripts(f"{RECIPE_PY}/prepare.py"),
+        output:
+            directory(DATA + "/data-bin"),
+        params:
+            settings=CORPUS.binarize_settings(),
+        threads: CORPUS.workers
+        shell:
+            "{PY} {RECIPE_PY}/prepare.py binarize --data {DATA} --settings {params.settings:q} --workers {threads}"
+
+
+if STUDY.split:
+
+    rule length_split:
+        # short-to-long: training and validation pairs below split.train_below, test pairs binned by length
+        input:
+            [f"{DATA}/{part}.{lang}" for part in ("train", "valid", "train.tok") for lang in CORPUS.langs],
+            data=DATA + "/data-bin",
+            scripts=scripts(f"{RECIPE_PY}/prepare.py"),
+        output:
+            directory(OUT + "/split/data-bin"),
+        params:
+            settings=json.dumps(STUDY.split, sort_keys=True),
+            corpus=CORPUS.settings_json(),
+        threads: CORPUS.workers
+        shell:
+            "{PY} {RECIPE_PY}/prepare.py length-split --data {DATA} --out {OUT}/split --settings {params.settings:q} "
+            "--corpus {params.corpus:q} --workers {threads}"

@@ -1,0 +1,117 @@
+"""What an edit of the checkout reruns (recipes/README.md, "What runs again"): a model's code key
+(fairseq_posenc/recipe/workflow.py code_key) covers the files fairseq's --user-dir runs to train
+it, read from the source whatever the process imported; each rule's inputs hold the files its
+scripts run (fairseq_posenc/recipe/sources.py). Edits are made in a copy of the checkout."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import test_workflow as wf
+from fairseq_posenc.recipe import workflow
+from fairseq_posenc.recipe.sources import sources
+from test_workflow import corpus, work  # noqa: F401  (fixtures: the toy corpus, a copy of it)
+
+
+def checkout(tmp_path):
+    """A copy of the checkout's code: the package (the C++ extension's build included), the
+    scripts and the recipes."""
+    root = tmp_path / "checkout"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in ("fairseq_posenc", "scripts", "recipes"):
+        shutil.copytree(os.path.join(wf.REPO, name), root / name, ignore=ignore)
+    return root
+
+
+def edit(path):
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n# edited\n")
+
+
+def test_the_code_key_is_the_same_with_or_without_the_preflight():
+    # the preflight imports labels.py and models/from_flags.py (as does a SLURM job's process not)
+    script = ("from fairseq_posenc.recipe import workflow as wf\n"
+              "before = wf.code_key('alibi')\n"
+              "wf.preflight_label('alibi', [])\n"
+              "wf._CODE_CACHE.clear()\n"
+              "print(before, wf.code_key('alibi'))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=wf.REPO)
+    before, after = out.stdout.split()[-2:]
+    assert before == after == workflow.code_key("alibi")
+
+
+def test_an_edit_retrains_the_models_whose_training_runs_the_file(tmp_path):
+    root = str(checkout(tmp_path))
+    encodings = ("sinusoidal", "alibi", "floater", "rnn")
+
+    def keys():
+        workflow._CODE_CACHE.clear()
+        return {e: workflow.code_key(e, root) for e in encodings}
+
+    files = {os.path.relpath(f, root) for f in workflow.code_files(root)}
+    # what `import fairseq_posenc` runs, a function's import (the FLOATER solver's) included
+    assert {"fairseq_posenc/__init__.py", "fairseq_posenc/positions/alibi.py", "fairseq_posenc/positions/floater_solver.py",
+            "fairseq_posenc/models/transformer_posenc.py", "fairseq_posenc/csrc/floater_rk4.cpp"} <= files
+    assert not files & {"fairseq_posenc/labels.py", "fairseq_posenc/models/from_flags.py", "fairseq_posenc/pipeline.py",
+                        "fairseq_posenc/recipe/workflow.py"}
+    first = keys()
+    assert len(set(first.values())) == 4
+    # modules that train nothing: no key changes
+    for name in ("labels.py", "models/from_flags.py", "pipeline.py", "recipe/workflow.py"):
+        edit(os.path.join(root, "fairseq_posenc", name))
+    assert keys() == first
+    # an encoding's own file: its models' key only
+    edit(os.path.join(root, "fairseq_posenc", "positions", "alibi.py"))
+    second = keys()
+    assert [e for e in encodings if second[e] != first[e]] == ["alibi"]
+    # FLOATER's solver, imported inside a function: floater's key, and rnn's (trained by floater.py too)
+    edit(os.path.join(root, "fairseq_posenc", "positions", "floater_solver.py"))
+    third = keys()
+    assert [e for e in encodings if third[e] != second[e]] == ["floater", "rnn"]
+    # the shared model code: every key
+    edit(os.path.join(root, "fairseq_posenc", "models", "transformer_posenc.py"))
+    assert all(v != third[k] for k, v in keys().items())
+
+
+def test_a_rules_inputs_are_the_files_its_script_runs():
+    rel = lambda *paths: {os.path.relpath(f, wf.REPO) for f in sources(*paths)}  # noqa: E731
+    recipe = os.path.join(wf.REPO, "fairseq_posenc", "recipe")
+    # the steps of a corpus: prepare.py, the text.py and length_split.py it runs, what they import
+    assert rel(os.path.join(recipe, "prepare.py")) == {
+        "fairseq_posenc/recipe/prepare.py", "fairseq_posenc/recipe/text.py", "scripts/length_split.py",
+        "fairseq_posenc/length_bins.py"}
+    assert rel(os.path.join(recipe, "rerank.py")) == {"fairseq_posenc/recipe/rerank.py", "fairseq_posenc/recipe/text.py"}
+    assert rel(os.path.join(recipe, "train_job.py")) == {"fairseq_posenc/recipe/train_job.py"}
+    # a script importing the plugin's module: that module, not the plugin's registration
+    assert rel(os.path.join(wf.REPO, "scripts", "average_checkpoints.py")) == {
+        "scripts/average_checkpoints.py", "fairseq_posenc/compat.py", "fairseq_posenc/positions/kept.py"}
+
+
+STUDY = {**wf.STUDY, "models": {"arch": "tiny", "encodings": ["sinusoidal"]},
+         "train": {"recipe": "scaling_nmt", "device": "cpu", "max_update": 6, "save_interval_updates": 3, "lr": 0.003,
+                   "dropout": 0.1, "max_tokens": 1000, "update_freq": 1},
+         "evaluate": {"checkpoints": "update", "average": 1}}
+
+
+def test_an_edit_of_a_rules_script_runs_that_rule_and_an_unrelated_edit_nothing(work, tmp_path):
+    root = checkout(tmp_path)
+    snakefile = str(root / "recipes" / "Snakefile")
+    averaged = "study/models/sinusoidal/seed1/averaged.pt"
+    wf.ok(wf.snakemake(work, STUDY, averaged, snakefile=snakefile))
+    # average_checkpoints.py, what the average rule runs: that rule runs again, nothing before it;
+    # labels.py, rerank.py and wmt_data.py run no job of this target; a file only touched, nothing
+    edit(root / "scripts" / "average_checkpoints.py")
+    for name in ("labels.py", "recipe/rerank.py", "recipe/wmt_data.py"):
+        edit(root / "fairseq_posenc" / name)
+    os.utime(root / "fairseq_posenc" / "recipe" / "train_job.py")
+    dry = wf.ok(wf.snakemake(work, STUDY, averaged, "-n", snakefile=snakefile))
+    assert re.findall(r"^rule (\w+):", dry, re.M) == ["average"]
+    assert re.search(r"reason: Updated input files: \S*/scripts/average_checkpoints\.py", dry)
+    # the sinusoidal encoding's file: its model's code key, so its training job
+    edit(root / "fairseq_posenc" / "positions" / "sinusoidal.py")
+    dry = wf.ok(wf.snakemake(work, STUDY, averaged, "-n", snakefile=snakefile))
+    assert re.findall(r"^rule (\w+):", dry, re.M) == ["train", "average"]
+    assert re.search(r"rule train:(.|\n)*?reason: Params have changed", dry)
