@@ -205,7 +205,12 @@ class PositionalAttention(MultiheadAttention):
         # a greedy one 0.5%). Elsewhere SDPA (a GPU's kernels fuse it; not measured there).
         single_query_step = incremental_state is not None and tgt_len == 1 and q.device.type == "cpu"
         if need_weights or value_terms or single_query_step:
-            logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+            # (B, H, T, D) x (B, H, S, D) -> (B, H, T, S), as bmm over B * H: the views are free where
+            # torch.matmul's folding of 4-d operands dispatches several operators
+            queries = q.size(2)
+            logits = torch.bmm((q * self.scaling).reshape(-1, queries, self.head_dim),
+                               k.reshape(-1, src_len, self.head_dim).transpose(1, 2))
+            logits = logits.view(kv_bsz, self.num_heads, queries, src_len)
             blocked = None
             if mask is not None and not may_block:
                 logits = logits + mask
@@ -219,8 +224,9 @@ class PositionalAttention(MultiheadAttention):
             weights = utils.softmax(logits, dim=-1)  # float32, as fairseq
             if blocked is not None:
                 weights = weights.masked_fill(blocked, 0.0)
-            probs = self.dropout_module(weights.type_as(logits))
-            out = torch.matmul(probs, v)
+            probs = self.dropout_module(cast(weights, logits.dtype))
+            out = torch.bmm(probs.reshape(-1, queries, src_len), v.reshape(-1, src_len, self.head_dim))
+            out = out.view(kv_bsz, self.num_heads, queries, self.head_dim)
             for term in value_terms:
                 out = out + term.value_term(self.layer_idx, probs, pos)
         else:
