@@ -255,6 +255,21 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
     assert proc.returncode != 0 and "fairseq-train would refuse its arguments" in proc.stdout + proc.stderr
 
 
+def test_the_schemas_choices_are_the_ones_the_workflow_knows():
+    """The schema's enums of corpora, architectures and precisions are the workflow's tables, so
+    that a corpus or size added on one side only is a failing test, not a KeyError at a job."""
+    from fairseq_posenc.models.from_flags import MODEL_SIZES
+    from fairseq_posenc.recipe import workflow as wf_module
+
+    with open(os.path.join(REPO, "recipes", "conf", "schema.yaml")) as f:
+        props = yaml.safe_load(f)["properties"]
+    assert set(props["corpus"]["properties"]["name"]["enum"]) == set(wf_module.CORPORA)
+    archs = set(wf_module.ARCHS) | set(MODEL_SIZES)
+    assert set(props["models"]["properties"]["arch"]["enum"]) == archs
+    assert set(props["distillation"]["properties"]["arch"]["enum"]) == archs
+    assert set(props["train"]["properties"]["precision"]["enum"]) == set(wf_module.PRECISION_FLAGS)
+
+
 def shipped(*names, **sections):
     """The validated configuration of recipes/conf's files ``names`` (in order), then ``sections``."""
     from snakemake.utils import update_config, validate

@@ -74,6 +74,9 @@ CORPORA = {
 # target subwords of a training pair, for the estimate: WMT's news and parliament text at 40k
 # BPE merges about 28, IWSLT's TED talks at 10k about 23 (assumptions; the prepared corpus is counted)
 TARGET_SUBWORDS = {"wmt": 28, "iwslt": 23}
+#: train.precision: fairseq-train's flags on GPUs
+PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"], "amp": ["--amp"],
+                   "memory-efficient-fp16": ["--memory-efficient-fp16"]}
 # building a model reseeds torch's global generator: one at a time, the state put back
 _TORCH_RNG = threading.Lock()
 
@@ -480,9 +483,7 @@ class Study:
     def device_flags(self) -> List[str]:
         if self.train["device"] == "cpu":
             return ["--cpu"]
-        precision = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"], "amp": ["--amp"],
-                     "memory-efficient-fp16": ["--memory-efficient-fp16"]}[self.train["precision"]]
-        flags = precision + ["--distributed-world-size", str(self.world())]
+        flags = PRECISION_FLAGS[self.train["precision"]] + ["--distributed-world-size", str(self.world())]
         if int(self.train["nodes"]) > 1:
             # one task a node (srun inside the job): fairseq-train infers SLURM's world from it and
             # spawns a process per GPU; the port is where rank 0 listens on the first node
