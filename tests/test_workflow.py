@@ -255,6 +255,20 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
     assert proc.returncode != 0 and "fairseq-train would refuse its arguments" in proc.stdout + proc.stderr
 
 
+def test_wmt18s_pairs_write_apart_from_one_study_file():
+    """recipes/conf/wmt18.yaml's out holds {corpus}: each pair its own directory, without an out= of
+    its own (a pair sharing another's would retrain over its records); another field is refused."""
+    from fairseq_posenc.recipe import workflow as wf_module
+
+    outs = {pair: wf_module.Study(shipped("wmt18", corpus={"pair": pair}), preflight=False).out
+            for pair in ("en-de", "cs-en")}
+    assert outs == {"en-de": "runs/wmt18_en_de", "cs-en": "runs/wmt18_cs_en"}
+    assert wf_module.Study(shipped("wmt18", corpus={"pair": "cs-en"}), preflight=False).config["out"] == \
+        "runs/wmt18_cs_en"  # what the report's title reads
+    with pytest.raises(wf_module.ConfigError, match=r"out 'runs/\{pair\}': \{corpus\} is the only field"):
+        wf_module.Study(shipped("wmt18", out="runs/{pair}"), preflight=False)
+
+
 def test_the_schemas_choices_are_the_ones_the_workflow_knows():
     """The schema's enums of corpora, architectures and precisions are the workflow's tables, so
     that a corpus or size added on one side only is a failing test, not a KeyError at a job."""

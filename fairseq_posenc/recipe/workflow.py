@@ -328,7 +328,12 @@ class Study:
             raise ConfigError(f"corpus.pair {self.pair}: {corpus['name']} has {', '.join(self.facts['pairs'])}")
         self.src, self.tgt = self.pair.split("-")
         self.corpus_name = corpus["name"] if corpus["name"] != "wmt18" else f"wmt18_{self.src}_{self.tgt}"
-        self.out = config["out"]
+        # {corpus}: one study file for every pair of a corpus (WMT18) writes each pair apart
+        try:
+            self.out = config["out"].format(corpus=self.corpus_name)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(f"out {config['out']!r}: {{corpus}} is the only field it can hold ({e!r})") from None
+        self.config = {**config, "out": self.out}  # the report's title and the study's record name it
         self.data = corpus.get("data") or (os.path.join(self.out, "corpus") if corpus["name"] == "toy"
                                           else os.path.join("data", self.corpus_name))
         models = config["models"]
