@@ -217,6 +217,19 @@ def test_the_budget_is_the_one_fairseq_train_stops_at(work):
     assert rec["budget"]["max_update"] == 4 and rec["updates"] == 4
 
 
+def test_several_nodes_without_srun_are_refused_before_any_job_but_planned_by_a_dry_run(work):
+    nodes = study(train__nodes=2)
+    planned = ok(snakemake(work, nodes, target("sinusoidal"), "-n"))
+    assert "nodes=2, tasks=2, mpi=srun" in planned
+    # this machine's PATH less any directory that holds an srun (a SLURM login node's)
+    path = os.pathsep.join(d for d in f"{STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}".split(":")
+                           if not os.path.exists(os.path.join(d, "srun")))
+    proc = snakemake(work, nodes, target("sinusoidal"), env={"PATH": path})
+    assert proc.returncode != 0 and "configuration refused: train.nodes 2 runs each training as one job of 2 " \
+        "nodes started by srun, which is not on this machine" in proc.stdout + proc.stderr
+    assert not os.path.exists(os.path.join(work, "study", "models"))
+
+
 def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
     proc = snakemake(work, study(models__encodings=["sinusoidal", "t6"]), "-n")
     assert proc.returncode != 0
