@@ -55,6 +55,7 @@ def last_checkpoints(directory: str, n: int, update_based: bool, upper_bound: Op
 def average(paths: List[str]) -> Dict:
     """The newest checkpoint's state with ``model`` replaced by the element-wise mean."""
     newest = torch.load(paths[0], map_location="cpu")
+    print(f"| read {paths[0]}", file=sys.stderr)
     # Sum in float64 so that averaging many checkpoints loses nothing; integer buffers
     # (counters, versions) are taken from the newest checkpoint, but the stacks' longest training
     # input is the longest of all: every input checkpoint was trained on it

@@ -96,6 +96,8 @@ def test_the_profile_holds_one_decoding_step(benchmark, task):
     assert steps == [1]
 
 
-def test_callgrind_counting_is_refused_without_models_to_count(benchmark):
-    with pytest.raises(SystemExit):
+def test_callgrind_counting_is_refused_without_models_to_count(benchmark, capsys):
+    with pytest.raises(SystemExit) as exit:
         benchmark.main(["--callgrind-steps", "4"])
+    assert exit.value.code == 2
+    assert "--callgrind-steps counts the steps of the --profile-step models: name them" in capsys.readouterr().err

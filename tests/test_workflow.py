@@ -217,17 +217,20 @@ def test_the_budget_is_the_one_fairseq_train_stops_at(work):
     assert rec["budget"]["max_update"] == 4 and rec["updates"] == 4
 
 
-def test_several_nodes_without_srun_are_refused_before_any_job_but_planned_by_a_dry_run(work):
+def test_a_training_of_several_nodes_without_srun_fails_in_one_line_before_fairseq_train(work):
     nodes = study(train__nodes=2)
-    planned = ok(snakemake(work, nodes, target("sinusoidal"), "-n"))
-    assert "nodes=2, tasks=2, mpi=srun" in planned
+    assert "nodes=2, tasks=2, mpi=srun" in ok(snakemake(work, nodes, target("sinusoidal"), "-n"))
     # this machine's PATH less any directory that holds an srun (a SLURM login node's)
     path = os.pathsep.join(d for d in f"{STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}".split(":")
                            if not os.path.exists(os.path.join(d, "srun")))
     proc = snakemake(work, nodes, target("sinusoidal"), env={"PATH": path})
-    assert proc.returncode != 0 and "configuration refused: train.nodes 2 runs each training as one job of 2 " \
-        "nodes started by srun, which is not on this machine" in proc.stdout + proc.stderr
-    assert not os.path.exists(os.path.join(work, "study", "models"))
+    assert proc.returncode != 0 and "train_job.py: error: train.nodes > 1 starts fairseq-train with srun, which is " \
+        "not on this machine: run the study on SLURM" in proc.stdout + proc.stderr
+    assert not os.path.exists(os.path.join(work, target("sinusoidal")))
+    assert not os.path.exists(os.path.join(work, "study", "checkpoints")) or not os.listdir(
+        os.path.join(work, "study", "checkpoints"))
+    # what needs no training still runs here: the corpus
+    ok(snakemake(work, nodes, "corpus/data-bin", env={"PATH": path}))
 
 
 def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):

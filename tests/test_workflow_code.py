@@ -45,7 +45,7 @@ def test_the_code_key_is_the_same_with_or_without_the_preflight():
 
 def test_an_edit_retrains_the_models_whose_training_runs_the_file(tmp_path):
     root = str(checkout(tmp_path))
-    encodings = ("sinusoidal", "alibi", "floater", "rnn")
+    encodings = ("sinusoidal", "learned", "alibi", "floater", "rnn")
 
     def keys():
         workflow._CODE_CACHE.clear()
@@ -58,7 +58,7 @@ def test_an_edit_retrains_the_models_whose_training_runs_the_file(tmp_path):
     assert not files & {"fairseq_posenc/labels.py", "fairseq_posenc/models/from_flags.py", "fairseq_posenc/pipeline.py",
                         "fairseq_posenc/recipe/workflow.py"}
     first = keys()
-    assert len(set(first.values())) == 4
+    assert len(set(first.values())) == 5
     # modules that train nothing: no key changes
     for name in ("labels.py", "models/from_flags.py", "pipeline.py", "recipe/workflow.py"):
         edit(os.path.join(root, "fairseq_posenc", name))
@@ -71,9 +71,14 @@ def test_an_edit_retrains_the_models_whose_training_runs_the_file(tmp_path):
     edit(os.path.join(root, "fairseq_posenc", "positions", "floater_solver.py"))
     third = keys()
     assert [e for e in encodings if third[e] != second[e]] == ["floater", "rnn"]
+    # another scheme's file that a scheme imports itself (learned.py imports sinusoidal.py's
+    # newest_positions): both keys, not the others that only the registry imports beside it
+    edit(os.path.join(root, "fairseq_posenc", "positions", "sinusoidal.py"))
+    fourth = keys()
+    assert [e for e in encodings if fourth[e] != third[e]] == ["sinusoidal", "learned"]
     # the shared model code: every key
     edit(os.path.join(root, "fairseq_posenc", "models", "transformer_posenc.py"))
-    assert all(v != third[k] for k, v in keys().items())
+    assert all(v != fourth[k] for k, v in keys().items())
 
 
 def test_a_rules_inputs_are_the_files_its_script_runs():

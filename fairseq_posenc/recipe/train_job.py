@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -242,6 +243,11 @@ def main(argv=None):
     parser.add_argument("--launcher", default="", help="what starts fairseq-train (srun on several nodes)")
     parser.add_argument("--link", default="", help="a symlink to the checkpoint directory")
     args = parser.parse_args(argv[:split])
+    launcher = shlex.split(args.launcher)[:1]
+    if launcher and not shutil.which(launcher[0]):
+        # several nodes run here, not on SLURM: said before any checkpoint directory is made
+        parser.error(f"train.nodes > 1 starts fairseq-train with {launcher[0]}, which is not on this machine: run "
+                     "the study on SLURM (--profile recipes/profiles/slurm) or inside a SLURM allocation")
     try:
         run(args, argv[split + 1:])
     except (JobError, OSError, KeyError, ValueError) as e:

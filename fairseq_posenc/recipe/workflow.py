@@ -230,7 +230,10 @@ def code_files(root: str = ROOT, encoding: Optional[str] = None) -> List[str]:
     ``fairseq_posenc/__init__.py`` imports (at module level or inside a function, the C++
     extension's source included), read from the source (fairseq_posenc/recipe/sources.py), never
     from what a process happened to import; less what only the other encodings' schemes run (the
-    files of their classes and what only those import). Without ``encoding``: every encoding's."""
+    files of their classes and what only those import), which the registry
+    (positions/__init__.py) imports beside this one's. A file of another scheme that this scheme
+    imports itself (learned.py imports sinusoidal.py) is its code too. Without ``encoding``: every
+    encoding's."""
     from .sources import sources
 
     init = os.path.join(root, "fairseq_posenc", "__init__.py")
@@ -238,9 +241,11 @@ def code_files(root: str = ROOT, encoding: Optional[str] = None) -> List[str]:
         return list(sources(init, root=root))
     owned = _encoding_files(root)
     schemes = set().union(*owned.values())
-    # what the plugin runs besides the schemes, then what this encoding's scheme runs
+    # what the plugin runs besides the schemes, then what this encoding's scheme runs, not
+    # following the registry (it imports every scheme) but every other import
+    registry = os.path.join(root, "fairseq_posenc", "positions", "__init__.py")
     files = set(sources(init, root=root, stop=schemes))
-    files |= set(sources(*owned[encoding], root=root, stop=schemes - owned[encoding]))
+    files |= set(sources(*owned[encoding], root=root, stop=[registry]))
     return sorted(files)
 
 

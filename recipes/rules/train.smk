@@ -2,8 +2,6 @@
 # and control and distilled students included. The job's output is a record written once the
 # checkpoint reached its budget (fairseq_posenc/recipe/train_job.py); the checkpoints live in
 # OUT/checkpoints/HASH, which Snakemake never deletes, so a job run again goes on from there.
-import shutil
-
 from fairseq_posenc.recipe import plan as plan_module, train_config
 
 _RESOLVED = {}
@@ -69,14 +67,6 @@ def _budget_flags(wildcards):
 NODES = int(STUDY.train["nodes"])
 GPU = STUDY.train["device"] == "gpu"
 
-
-onstart:
-    # (not in a dry run, which plans such a study anywhere) a training's shell starts fairseq-train
-    # with srun: without it every training would fail at its start
-    if NODES > 1 and workflow.local_exec and not shutil.which("srun"):
-        raise WorkflowError(f"configuration refused: train.nodes {NODES} runs each training as one job of {NODES} "
-                            "nodes started by srun, which is not on this machine: run it on SLURM "
-                            "(--profile recipes/profiles/slurm) or inside a SLURM allocation")
 
 if workflow.is_main_process:
     # every model's configuration resolved now: a refused argument list fails the dry run, two
