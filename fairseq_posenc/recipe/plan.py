@@ -397,21 +397,20 @@ def glob_train(data_bin: str) -> bool:
     return bool(glob.glob(os.path.join(data_bin, "train.*-*.*.idx")))
 
 
-def print_study_plan(study, resolved: Dict[str, tuple], stream=None):
-    """The plan of every distinct model of ``study`` (models of one resolved configuration, start
-    and teacher counted once: FLOATER's vanilla stage), then the totals, in the dry run."""
+def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object], stream=None):
+    """The plan of every distinct model of ``study``, then the totals, in the dry run. ``same``: model
+    key -> the earlier model it is (recipes/rules/train.smk's ``_same_as``: one checkpoint
+    directory, trained once), planned with that one."""
     stream = stream or sys.stderr
-    seen, totals = {}, {"updates": 0, "disk": 0, "gpu_hours": 0.0}
+    totals = {"updates": 0, "disk": 0, "gpu_hours": 0.0}
     unknown = []
     estimate = study.corpus_estimate()
     for model in study.models:
         config, config_id = resolved[model.key]
-        key = (config_id, model.start, model.teacher)
-        if key in seen:
-            print(f"| plan {model.key}: the same model as {seen[key]}, trained once (its job waits for that one's "
-                  "and finds its checkpoints)", file=stream)
+        if model.key in same:
+            print(f"| plan {model.key}: the same model as {same[model.key].key}, trained once (its job waits for "
+                  "that one's and finds its checkpoints)", file=stream)
             continue
-        seen[key] = model.key
         try:
             plan = model_plan(study.data_bin(), config, study.average(model), study.evaluate["checkpoints"] == "epoch",
                               study.tokens_per_second(model), keeps_three=model.kind == "vanilla", estimate=estimate)
@@ -424,7 +423,7 @@ def print_study_plan(study, resolved: Dict[str, tuple], stream=None):
             totals[name] += plan[name] or 0
         if plan["updates"] is None:
             unknown.append(model.key)
-    line = f"| plan total: {len(seen)} model(s) to train"
+    line = f"| plan total: {len(study.models) - len(same)} model(s) to train"
     line += f", {totals['updates']} updates" + (f" and those of {len(unknown)} trained by epochs" if unknown else "")
     if totals["disk"]:
         line += f", about {human_bytes(totals['disk'])} of checkpoints"

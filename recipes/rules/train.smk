@@ -67,13 +67,11 @@ def _budget_flags(wildcards):
 NODES = int(STUDY.train["nodes"])
 GPU = STUDY.train["device"] == "gpu"
 
-
 if workflow.is_main_process:
     # every model's configuration resolved now: a refused argument list fails the dry run, two
     # models that would train in one directory with two budgets are refused, and the plan is
     # printed once a model
-    _same_as()
-    plan_module.print_study_plan(STUDY, {m.key: resolved(m) for m in STUDY.models})
+    plan_module.print_study_plan(STUDY, {m.key: resolved(m) for m in STUDY.models}, _same_as())
 
 
 rule train:
