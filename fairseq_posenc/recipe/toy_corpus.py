@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -15,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def toy(out: str, s: dict):
     sys.path.insert(0, ROOT)
-    from fairseq_posenc import pipeline, toy_data
+    from fairseq_posenc import toy_data
 
     top = max(s["long_max_len"], s["train_max_len"] + 1)
     splits = {"train": (s["train_size"], 3, s["train_max_len"]), "valid": (200, 3, s["train_max_len"]),
@@ -25,10 +26,13 @@ def toy(out: str, s: dict):
     prefixes = toy_data.write_toy_corpus(os.path.join(out, "raw"), splits, seed=s["seed"], pair=s["pair"])
     tmp = os.path.join(out, "data-bin.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        pipeline.preprocess(prefixes, tmp, log_dir=out)
-    except pipeline.CommandFailed as e:
-        sys.exit(f"toy_corpus.py: {e}")
+    preprocess = os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess")
+    with open(os.path.join(out, "preprocess.log"), "w") as log:
+        code = subprocess.call([preprocess if os.path.exists(preprocess) else "fairseq-preprocess", "--source-lang",
+                                "src", "--target-lang", "tgt", *[f"--{k}pref={prefixes[k]}" for k in splits],
+                                "--destdir", tmp, "--joined-dictionary", "--workers", "1"], stdout=log, stderr=log)
+    if code:
+        sys.exit(f"toy_corpus.py: fairseq-preprocess failed (exit {code}): {out}/preprocess.log")
     shutil.rmtree(os.path.join(out, "data-bin"), ignore_errors=True)
     os.replace(tmp, os.path.join(out, "data-bin"))
 
