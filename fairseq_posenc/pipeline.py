@@ -98,15 +98,17 @@ def sacrebleu_score(hypotheses: List[str], references: List[str]):
 
 def toy_train_flags(position_encoding: str = "sinusoidal", max_update: int = 300, seed: int = 1,
                     keep_last_epochs: int = 5, size: str = "small", lr: float = 2e-3,
-                    max_tokens: int = 2000) -> List[str]:
-    """A model and schedule that learn the toy task on 2 CPU cores in about a minute ("small")."""
+                    max_tokens: int = 2000, device: Sequence[str] = ("--cpu",), dropout: float = 0.1,
+                    warmup_updates: int = 100, share: Sequence[str] = ("--share-all-embeddings",)) -> List[str]:
+    """A model and schedule that learn the toy task on 2 CPU cores in about a minute ("small").
+    ``device``: the device and precision flags (the workflow's train.device gpu gives its own)."""
     from .models.from_flags import size_flags
 
     return [
-        "--arch", "transformer_posenc", "--position-encoding", position_encoding, "--cpu",
-        *size_flags(size), "--share-all-embeddings", "--dropout", "0.1",
+        "--arch", "transformer_posenc", "--position-encoding", position_encoding, *device,
+        *size_flags(size), *share, "--dropout", str(dropout),
         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", str(lr),
-        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(warmup_updates),
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", str(max_tokens), "--max-update", str(max_update), "--seed", str(seed),
         "--no-progress-bar", "--log-interval", "50", "--keep-last-epochs", str(keep_last_epochs),

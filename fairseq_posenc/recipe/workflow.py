@@ -74,9 +74,18 @@ CORPORA = {
 # target subwords of a training pair, for the estimate: WMT's news and parliament text at 40k
 # BPE merges about 28, IWSLT's TED talks at 10k about 23 (assumptions; the prepared corpus is counted)
 TARGET_SUBWORDS = {"wmt": 28, "iwslt": 23}
+#: what ``auto`` means for the train settings each recipe sets its own way: Ott et al.'s
+#: scaling_nmt flags (large_batch: 250 warmup updates, fairseq's examples/scaling_nmt), the demo's
+#: toy flags (fairseq_posenc/pipeline.py toy_train_flags; None: not passed, fairseq's own default)
+RECIPE_AUTO = {
+    "scaling_nmt": {"warmup_updates": 4000, "warmup_init_lr": 1e-7, "adam_eps": 1e-9},
+    "toy": {"warmup_updates": 100, "warmup_init_lr": None, "adam_eps": None, "dropout": 0.1, "max_tokens": 2000,
+            "update_freq": None},
+}
 #: train.precision: fairseq-train's flags on GPUs
 PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"], "amp": ["--amp"],
                    "memory-efficient-fp16": ["--memory-efficient-fp16"]}
+SHARE_FLAGS = {"all": ["--share-all-embeddings"], "decoder": ["--share-decoder-input-output-embed"]}
 # building a model reseeds torch's global generator: one at a time, the state put back
 _TORCH_RNG = threading.Lock()
 
@@ -322,7 +331,10 @@ class Model:
 class Study:
     """A validated configuration (the schema's defaults applied) as its rows, models and commands."""
 
-    def __init__(self, config: dict, preflight: bool = True):
+    def __init__(self, config: dict, preflight: bool = True, given: Optional[dict] = None):
+        """``given``: the configuration as the user's files and --config gave it, before the
+        schema's defaults: a setting given that the study's recipe, corpus or device would not use
+        is refused (fairseq_posenc/recipe/settings.py)."""
         self.config = config
         corpus = config["corpus"]
         if corpus["name"] not in CORPORA:
@@ -351,6 +363,9 @@ class Study:
         self.warm = config.get("warm_start") or {}
         self.evaluate = config["evaluate"]
         self.split = config.get("split")
+        from .settings import check
+
+        check(self, given)
         self._check_rows(preflight)
         self.models = self._models()
 
@@ -476,6 +491,15 @@ class Study:
             value = {"lr": 1e-3, "max_update": value // 16, "save_interval_updates": 125 if arch == "base" else 50}[key]
         return value
 
+    def recipe_default(self, key: str):
+        """``train.key``, its ``auto`` the recipe's value (:data:`RECIPE_AUTO`)."""
+        value = self.train.get(key, "auto")
+        if value != "auto":
+            return value
+        if key == "warmup_updates" and self.train["recipe"] == "scaling_nmt" and self.train.get("large_batch"):
+            return 250
+        return RECIPE_AUTO[self.train["recipe"]][key]
+
     def world(self) -> int:
         return 1 if self.train["device"] == "cpu" else int(self.train["nodes"]) * int(self.train["gpus_per_node"])
 
@@ -565,16 +589,58 @@ class Study:
         return shared + model.flags
 
     def _toy_command(self, model: Model) -> List[str]:
+        """The demo's flags (pipeline.toy_train_flags) with the study's settings: each ``auto`` the
+        toy recipe's value (:data:`RECIPE_AUTO`), a setting of fairseq's default passed only when
+        it differs, so that the demo's commands stay what they were."""
         from ..pipeline import toy_train_flags
 
+        t = self.train
         max_update, max_epoch = self.budget(model)
-        flags = toy_train_flags(model.encoding, max_update or 0, model.seed, size=self.arch, lr=self.lr(model),
-                                max_tokens=int(self.train["max_tokens"]))
-        flags = flags[:flags.index("--seed")] + flags[flags.index("--seed") + 2:]  # _common_end gives it
+        keep = 5 if model.kind == "vanilla" else max(5, self.average(model))
+        flags = toy_train_flags(model.encoding, max_update or 0, model.seed, keep_last_epochs=keep, size=self.arch,
+                                lr=self.lr(model), max_tokens=int(self.recipe_default("max_tokens")),
+                                device=self.device_flags(), dropout=self.recipe_default("dropout"),
+                                warmup_updates=int(self.recipe_default("warmup_updates")),
+                                share=SHARE_FLAGS[t["share_embeddings"]])
+        flags = _without(flags, "--seed")  # _common_end gives it
+        if self.evaluate["checkpoints"] == "update":
+            # interval checkpoints to average: the scaling_nmt recipe's, every save_interval_updates
+            flags = _without(flags, "--keep-last-epochs") + self._keep_flags(model)
+        if self.evaluate["checkpoints"] == "update" or t.get("save_interval_updates", "auto") != "auto":
+            flags += ["--save-interval-updates", str(self.arch_default("save_interval_updates"))]
+        flags += self._optimizer_flags()
+        if t["weight_decay"]:
+            flags += ["--weight-decay", str(t["weight_decay"])]
+        if self.recipe_default("update_freq") is not None:
+            flags += ["--update-freq", str(self.recipe_default("update_freq"))]
+        flags += self._eval_bleu_flags()
         if max_epoch:
             flags += ["--max-epoch", str(max_epoch)]
         return [self.data_bin(), "--user-dir", USER_DIR, *flags, *self._split_flags(model),
                 *self._start_flags(model, model.encoding), *self._common_end(model, [])]
+
+    def _optimizer_flags(self) -> List[str]:
+        """Adam's eps and the warmup's initial lr, where set (null: fairseq's defaults)."""
+        flags = []
+        if self.recipe_default("adam_eps") is not None:
+            flags += ["--adam-eps", str(self.recipe_default("adam_eps"))]
+        if self.recipe_default("warmup_init_lr") is not None:
+            flags += ["--warmup-init-lr", str(self.recipe_default("warmup_init_lr"))]
+        return flags
+
+    def _eval_bleu_flags(self) -> List[str]:
+        """train.eval_bleu: checkpoint_best.pt by validation BLEU decoded in process (fairseq's
+        IWSLT example), with the test decode's beam and length limit."""
+        if not self.train.get("eval_bleu"):
+            return []
+        remove = ["--eval-bleu-remove-bpe"] + (["sentencepiece"] if self.config["corpus"]["bpe"] == "sentencepiece" else [])
+        flags = ["--eval-bleu", "--eval-bleu-args", json.dumps({"beam": int(self.evaluate["beam"]), "max_len_a": 1.5,
+                                                                "max_len_b": 50}),
+                 "--eval-bleu-detok", "moses", *remove, "--best-checkpoint-metric", "bleu",
+                 "--maximize-best-checkpoint-metric"]
+        if self.tgt != "en":
+            flags += ["--eval-bleu-detok-args", json.dumps({"target_lang": self.tgt})]
+        return flags
 
     def _keep_flags(self, model: Model) -> List[str]:
         """The checkpoints a run keeps: the last ``average`` of the kind evaluate.checkpoints
@@ -592,30 +658,21 @@ class Study:
         arch = self.model_arch(model)
         max_update, max_epoch = self.budget(model)
         max_tokens, update_freq = self.batch()
-        share = {"all": ["--share-all-embeddings"], "decoder": ["--share-decoder-input-output-embed"]}[t["share_embeddings"]]
-        argv = [self.data_bin(), "--user-dir", USER_DIR, *share, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)"]
-        if t.get("adam_eps") is not None:
-            argv += ["--adam-eps", str(t["adam_eps"])]
+        argv = [self.data_bin(), "--user-dir", USER_DIR, *SHARE_FLAGS[t["share_embeddings"]], "--optimizer", "adam",
+                "--adam-betas", "(0.9, 0.98)"]
+        eps = self.recipe_default("adam_eps")
+        argv += ["--adam-eps", str(eps)] if eps is not None else []
         argv += ["--clip-norm", "0.0", "--lr-scheduler", "inverse_sqrt",
-                 "--warmup-updates", str(250 if t.get("large_batch") and t["warmup_updates"] == 4000 else t["warmup_updates"])]
-        if t.get("warmup_init_lr") is not None:
-            argv += ["--warmup-init-lr", str(t["warmup_init_lr"])]
+                 "--warmup-updates", str(self.recipe_default("warmup_updates"))]
+        init = self.recipe_default("warmup_init_lr")
+        argv += ["--warmup-init-lr", str(init)] if init is not None else []
         criterion = "relation_distillation" if model.kind == "distilled" else "label_smoothed_cross_entropy"
         argv += ["--criterion", criterion, "--label-smoothing", "0.1", "--weight-decay", str(t["weight_decay"]),
                  "--dropout", str(self.arch_default("dropout", arch, "distillation" if model.kind == "distilled" else "train")),
                  "--max-tokens", str(max_tokens), "--update-freq", str(update_freq),
                  "--save-interval-updates", str(self.arch_default("save_interval_updates", arch)),
                  *self._keep_flags(model), "--no-progress-bar", "--log-interval", "100", "--log-format", "simple"]
-        if t.get("eval_bleu"):
-            # checkpoint_best.pt by validation BLEU decoded in process (fairseq's IWSLT example), with
-            # the test decode's beam and length limit
-            remove = ["--eval-bleu-remove-bpe"] + (["sentencepiece"] if self.config["corpus"]["bpe"] == "sentencepiece" else [])
-            argv += ["--eval-bleu", "--eval-bleu-args", json.dumps({"beam": int(self.evaluate["beam"]), "max_len_a": 1.5,
-                                                                   "max_len_b": 50}),
-                     "--eval-bleu-detok", "moses", *remove, "--best-checkpoint-metric", "bleu",
-                     "--maximize-best-checkpoint-metric"]
-            if self.tgt != "en":
-                argv += ["--eval-bleu-detok-args", json.dumps({"target_lang": self.tgt})]
+        argv += self._eval_bleu_flags()
         argv += [*self.arch_flags(model.encoding, arch), "--lr", repr(self.lr(model))]
         argv += ["--max-update", str(max_update)] if max_update else []
         argv += ["--max-epoch", str(max_epoch)] if max_epoch else []
@@ -665,6 +722,12 @@ class Study:
 
     def checkpoints_root(self) -> str:
         return os.path.join(self.out, "checkpoints")
+
+
+def _without(flags: List[str], option: str) -> List[str]:
+    """``flags`` less ``option`` and its value."""
+    i = flags.index(option)
+    return flags[:i] + flags[i + 2:]
 
 
 def _sizes():

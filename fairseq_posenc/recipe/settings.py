@@ -1,0 +1,155 @@
+"""Where each setting of a study goes: every field of recipes/conf/schema.yaml reaches the commands
+of the study's jobs (fairseq-train's and fairseq-generate's arguments, the preparation's settings:
+the params Snakemake runs a job again for), or reaches no model and no job on purpose
+(:data:`NO_JOB`, each with its reason), or is refused in one line by :func:`check` where the
+study's recipe, corpus or device would not use it and the user gave it a value other than its
+default. tests/test_settings_walk.py walks every field of the schema for every recipe and corpus.
+"""
+import functools
+import json
+import os
+from typing import Iterator, List, Optional, Tuple
+
+from .workflow import ROOT, VANILLA, ConfigError
+
+SCHEMA = os.path.join(ROOT, "recipes", "conf", "schema.yaml")
+_FETCH = ("how the archives are fetched and checked, not what they hold: the download and extract commands "
+          "take it, not their params, so that another value prepares nothing again")
+_REPORT = ("how the report shows the scores: the report reads it from the study's record (study.json) and "
+           "is made again; no model, decode or score changes")
+#: the fields that reach no model and no job's params on purpose, with why
+NO_JOB = {
+    "corpus.download": _FETCH, "corpus.download_timeout": _FETCH, "corpus.mirror": _FETCH,
+    "corpus.verify_checksums": _FETCH,
+    "corpus.workers": "processes of a preparation job (its threads): the same corpus",
+    "train.threads": "CPU threads of a job (OMP_NUM_THREADS): the same computation",
+    "train.tokens_per_second": "the speed the dry run's plan estimates the time from; no job reads it",
+    "models.baseline": _REPORT, "report.title": _REPORT, "report.unit": _REPORT, "report.bins": _REPORT,
+}
+_ABSENT = object()
+
+
+@functools.lru_cache(maxsize=None)
+def schema() -> dict:
+    import yaml
+
+    with open(SCHEMA, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def fields(node: Optional[dict] = None, prefix: str = "") -> Iterator[Tuple[str, dict]]:
+    """(path, schema) of every field of the schema: the leaves, and the objects without properties
+    of their own (train.encoding_flags); a section (an object with properties) is its fields."""
+    node = schema() if node is None else node
+    for name, sub in node.get("properties", {}).items():
+        path = f"{prefix}{name}"
+        if "properties" in sub:
+            yield from fields(sub, path + ".")
+        else:
+            yield path, sub
+
+
+def default(path: str):
+    """The schema's default of ``path`` (``_ABSENT`` where it has none)."""
+    node = schema()
+    for name in path.split("."):
+        node = node["properties"][name]
+    return node.get("default", _ABSENT)
+
+
+def value_at(config: Optional[dict], path: str):
+    for name in path.split("."):
+        if not isinstance(config, dict) or name not in config:
+            return _ABSENT
+        config = config[name]
+    return config
+
+
+def changed(given: dict, prefix: str) -> List[Tuple[str, object]]:
+    """(path, value) of every field at or under ``prefix`` that ``given`` sets to other than its default."""
+    out = []
+    for path, _ in fields():
+        if path == prefix or path.startswith(prefix + "."):
+            value = value_at(given, path)
+            if value is not _ABSENT and value != default(path):
+                out.append((path, value))
+    return out
+
+
+def _refusals(study) -> Iterator[Tuple[List[str], str]]:
+    """(fields, why) of the settings the study would not use: refused where given otherwise than
+    their defaults."""
+    t, corpus = study.train, study.config["corpus"]
+    if t["recipe"] == "toy":
+        why = "train.recipe toy batches train.max_tokens sentences' tokens, update_freq of them an update: the " \
+              "scaling_nmt recipe's setting"
+        yield ["train.batch_target", "train.large_batch"], why
+        yield ["evaluate.max_tokens"], "train.recipe toy decodes batches of 64 sentences"
+        yield ["distillation"], "train.recipe toy trains no students: distillation is the scaling_nmt recipe's"
+    elif t["max_tokens"] != "auto" and t["update_freq"] != "auto":
+        yield ["train.batch_target"], "train.max_tokens and train.update_freq are both set: nothing is chosen for it"
+    if t["device"] == "cpu":
+        if t["precision"] != "fp32":
+            yield ["train.precision"], "train.device cpu trains and decodes in fp32"
+        yield ["train.nodes", "train.gpus_per_node"], "train.device cpu trains in one process"
+    if int(t["nodes"]) == 1:
+        yield ["train.distributed_port"], "only a training of several nodes (train.nodes > 1) listens on it"
+    if study.facts["style"] == "toy":
+        yield [f"corpus.{name}" for name in ("pair", "sources", "archives", "download", "download_timeout", "mirror",
+                                             "verify_checksums", "bpe", "bpe_size", "valid")], \
+            "corpus.name toy is the demo's generated pair (corpus.toy), read from no archive"
+    else:
+        yield ["corpus.toy"], f"corpus.toy is the demo's generated pair, not corpus.name {corpus['name']}"
+    warm = study.warm
+    if not warm.get("enabled"):
+        yield [f"warm_start.{name}" for name in schema()["properties"]["warm_start"]["properties"] if name != "enabled"], \
+            "warm_start.enabled is false (set it to warm-start the floater and rnn rows, or set it false to keep " \
+            "these for later)"
+    elif warm.get("start", VANILLA) != VANILLA:
+        yield ["warm_start.vanilla"], f"warm_start.start is the row {warm['start']}: no {VANILLA} stage trains"
+
+
+def check(study, given: Optional[dict]) -> None:
+    """Refuse, in one line, what the study cannot run: a model size the recipe has not, and (with
+    ``given``, the configuration before the schema's defaults) a setting given that it would not use.
+    ``warm_start``'s settings stay accepted beside an explicit ``enabled: false`` (the demo keeps
+    its warm start's settings for scripts/demo.py --warm-start)."""
+    from ..models.from_flags import MODEL_SIZES
+
+    if study.train["recipe"] == "toy" and study.arch not in MODEL_SIZES:
+        raise ConfigError(f"models.arch {study.arch}: train.recipe toy trains transformer_posenc at the sizes "
+                          f"{', '.join(MODEL_SIZES)} (scaling_nmt trains fairseq's {study.arch})")
+    if given is None:
+        return
+    for paths, why in _refusals(study):
+        for prefix in paths:
+            if prefix.startswith("warm_start.") and value_at(given, "warm_start.enabled") is not _ABSENT \
+                    and not study.warm.get("enabled"):
+                continue
+            for path, value in changed(given, prefix):
+                raise ConfigError(f"{path} {json.dumps(value)}: {why}")
+
+
+def schema_errors(config: dict) -> List[str]:
+    """One line per error of ``config`` against the schema: the field's path and what it allows (a
+    key not in the schema: the closest key, or the keys of its section), never the schema itself."""
+    import difflib
+
+    from jsonschema import Draft202012Validator
+
+    lines = []
+    for error in sorted(Draft202012Validator(schema()).iter_errors(config), key=lambda e: list(map(str, e.path))):
+        path = ".".join(map(str, error.absolute_path))
+        if error.validator == "additionalProperties":
+            allowed = list(error.schema.get("properties", {}))
+            for key in sorted(set(error.instance) - set(allowed)):
+                close = difflib.get_close_matches(key, allowed, n=1)
+                where = f"{path}.{key}" if path else key
+                hint = f"did you mean {close[0]}?" if close else f"choose among {', '.join(allowed)}"
+                lines.append(f"{where}: not a setting{' of ' + path if path else ''}; {hint}")
+        elif error.validator == "enum":
+            lines.append(f"{path} {json.dumps(error.instance)}: one of {', '.join(map(str, error.validator_value))}")
+        else:
+            message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
+            lines.append(f"{path or 'the configuration'}: {message}")
+    return lines
