@@ -26,7 +26,7 @@ NO_JOB = {
     "train.tokens_per_second": "the speed the dry run's plan estimates the time from; no job reads it",
     "models.baseline": _REPORT, "report.title": _REPORT, "report.unit": _REPORT, "report.bins": _REPORT,
 }
-_ABSENT = object()
+ABSENT = object()
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,17 +50,17 @@ def fields(node: Optional[dict] = None, prefix: str = "") -> Iterator[Tuple[str,
 
 
 def default(path: str):
-    """The schema's default of ``path`` (``_ABSENT`` where it has none)."""
+    """The schema's default of ``path`` (``ABSENT`` where it has none)."""
     node = schema()
     for name in path.split("."):
         node = node["properties"][name]
-    return node.get("default", _ABSENT)
+    return node.get("default", ABSENT)
 
 
 def value_at(config: Optional[dict], path: str):
     for name in path.split("."):
         if not isinstance(config, dict) or name not in config:
-            return _ABSENT
+            return ABSENT
         config = config[name]
     return config
 
@@ -71,7 +71,7 @@ def changed(given: dict, prefix: str) -> List[Tuple[str, object]]:
     for path, _ in fields():
         if path == prefix or path.startswith(prefix + "."):
             value = value_at(given, path)
-            if value is not _ABSENT and value != default(path):
+            if value is not ABSENT and value != default(path):
                 out.append((path, value))
     return out
 
@@ -123,7 +123,7 @@ def check(study, given: Optional[dict]) -> None:
         return
     for paths, why in _refusals(study):
         for prefix in paths:
-            if prefix.startswith("warm_start.") and value_at(given, "warm_start.enabled") is not _ABSENT \
+            if prefix.startswith("warm_start.") and value_at(given, "warm_start.enabled") is not ABSENT \
                     and not study.warm.get("enabled"):
                 continue
             for path, value in changed(given, prefix):

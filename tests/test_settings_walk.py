@@ -1,0 +1,175 @@
+"""Every field of recipes/conf/schema.yaml (read from the schema, so that a new field cannot slip
+past), for every train.recipe and every corpus.name of the schema's enums: given another value,
+it changes the params of some job of the study, or the study is refused in one line, or the field
+is on fairseq_posenc/recipe/settings.py's NO_JOB list with its reason. A setting accepted and
+ignored fails here."""
+import copy
+import json
+import os
+
+import pytest
+import snakemake.utils
+from snakemake.utils import validate
+
+from fairseq_posenc.recipe import settings, workflow as wf
+from fairseq_posenc.recipe.corpus import Corpus
+
+SCHEMA = settings.SCHEMA
+ENUMS = {path: node["enum"] for path, node in settings.fields() if "enum" in node}
+# a study with every section on: rows that take the study's flags (t5: the bias scale, alibi:
+# encoding_flags, floater: FLOATER's warm start), a split, distilled students (the toy recipe
+# refuses those)
+BASE = {"out": "study",
+        "models": {"encodings": ["sinusoidal", "t5", "alibi", "floater"]},
+        "split": {},
+        "warm_start": {"enabled": True},
+        "distillation": {"teacher": "sinusoidal"}}
+# what a corpus kind needs besides its name (none of the shipped ones needs anything)
+CORPUS_EXTRA = {}
+# values where the schema's type alone does not give a meaningful other one: rows, row lists
+OTHER = {"models.encodings": ["sinusoidal", "t5", "alibi", "floater", "rope"], "models.baseline": "alibi",
+         "warm_start.start": "sinusoidal", "distillation.teacher": "alibi",
+         "distillation.students": ["sinusoidal", "alibi"], "distillation.relations": "qq,kk",
+         "train.encoding_flags": {"alibi": ["--alibi-encoder", "split"]}, "train.model_flags": ["--encoder-layers", 3],
+         "train.flags": ["--log-interval", 7], "corpus.valid": "newstest2012", "corpus.pair": "x-y"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def schema_read_once():
+    """snakemake.utils.validate reads the schema file at each call (0.4 s): here once, each call
+    its own copy, for the thousand configurations of the walk."""
+    read, copies = snakemake.utils._load_configfile, {}
+
+    def once(source, filetype="Config"):
+        key = (getattr(source, "name", source), filetype)
+        if key not in copies:
+            copies[key] = read(source, filetype=filetype)
+        return copy.deepcopy(copies[key])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(snakemake.utils, "_load_configfile", once)
+        yield
+
+
+def other_value(path, node, current):
+    """A valid value of ``path`` other than ``current``, from its schema."""
+    if path in OTHER:
+        return OTHER[path]
+    if "enum" in node:
+        return next(v for v in node["enum"] if v != current)
+    types = node.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    if "boolean" in types:
+        return not current
+    if "integer" in types:
+        return current + 1 if isinstance(current, int) else max(3, node.get("minimum", 0))
+    if "number" in types:
+        return current * 2 + 0.25 if isinstance(current, (int, float)) else 0.25
+    if "array" in types:
+        changed = [v + 1 if isinstance(v, int) else v for v in current or []]
+        return changed if changed != (current or []) else [*changed, 7]
+    if "string" in types:
+        return (current or "") + "x"
+    raise AssertionError(f"{path}: no other value for the schema's {node}")
+
+
+def put(config, path, value):
+    *sections, name = path.split(".")
+    for section in sections:
+        config = config.setdefault(section, {})
+    config[name] = value
+
+
+def study(given):
+    """The study of the configuration ``given`` (the schema's defaults filled in, as recipes/Snakefile does)."""
+    config = copy.deepcopy(given)
+    validate(config, SCHEMA)
+    return wf.Study(config, preflight=False, given=given)
+
+
+def job_params(study):
+    """The params of every job of the study, by the calls recipes/rules' params make."""
+    from fairseq_posenc.recipe.workflow import generate_command, segmentation
+
+    jobs, corpus = {}, Corpus.of(study)
+    if study.facts["style"] == "toy":
+        jobs["toy_corpus"] = (json.dumps(study.config["corpus"]["toy"], sort_keys=True), study.data)
+    else:
+        jobs["prepare"] = (corpus.extract_command(), corpus.tokenize_settings(), corpus.segment_settings(),
+                           corpus.binarize_settings(), study.data)
+    if study.split:
+        jobs["length_split"] = (json.dumps(study.split, sort_keys=True), corpus.settings_json())
+    for model in study.models:
+        jobs["train", model.key] = (study.command(model), model.start, model.teacher, study.checkpoints_root())
+    e = study.evaluate
+    for model in study.evaluated():
+        averaged = os.path.join(study.model_dir(model), "averaged.pt")
+        jobs["average", model.key] = (study.average(model), e["checkpoints"])
+        jobs["decode", model.key] = (generate_command(study, averaged), e["lenpen_form"], e["lenpen"], e["beam"])
+        jobs["score", model.key] = (segmentation(study), study.tgt, e["lowercase"], study.test_set(),
+                                    study.corpus_name, study.pair)
+    return jobs
+
+
+@pytest.mark.parametrize("recipe", ENUMS["train.recipe"])
+def test_every_field_reaches_a_job_or_is_refused_or_reaches_none_on_purpose(recipe):
+    assert set(settings.NO_JOB) <= {path for path, _ in settings.fields()}, "NO_JOB names a field the schema lacks"
+    ignored = []
+    for name in ENUMS["corpus.name"]:
+        base = copy.deepcopy(BASE)
+        base["corpus"] = {"name": name, **CORPUS_EXTRA.get(name, {})}
+        base["train"] = {"recipe": recipe}
+        if recipe == "toy":
+            del base["distillation"]  # refused there: walked as given below
+        reference = study(base)
+        before = job_params(reference)
+        for path, node in settings.fields():
+            if path in settings.NO_JOB or path in ("corpus.name", "train.recipe"):
+                continue
+            given = copy.deepcopy(base)
+            section = path.split(".")[0]
+            if section in BASE and section not in given:  # distillation under toy: the whole section, refused
+                given[section] = copy.deepcopy(BASE[section])
+            current = settings.value_at(reference.config, path)
+            put(given, path, other_value(path, node, node.get("default") if current is settings.ABSENT else current))
+            try:
+                after = job_params(study(given))
+            except wf.ConfigError as refusal:
+                assert "\n" not in str(refusal) and str(refusal), (path, str(refusal))
+                continue
+            if after == before:
+                ignored.append(f"{name}: {path}")
+    assert not ignored, f"train.recipe {recipe}: accepted and ignored (not refused, not in settings.NO_JOB): {ignored}"
+
+
+def test_the_walk_covers_the_corpora_and_recipes_of_the_schema():
+    """What the walk takes from the schema: its enums, and sections that are fields of their own."""
+    assert {"toy", "wmt14_en_de"} <= set(ENUMS["corpus.name"]) and set(ENUMS["train.recipe"]) == set(wf.RECIPE_AUTO)
+    paths = [path for path, _ in settings.fields()]
+    assert "train.weight_decay" in paths and "corpus.toy.train_size" in paths and "train.encoding_flags" in paths
+    assert "corpus.toy" not in paths and "warm_start.vanilla.max_epoch" in paths
+
+
+def test_a_setting_the_study_would_not_use_is_refused_in_one_line_when_given():
+    """What the walk counts as refused, one case each: given values, not the schema's defaults."""
+    demo = {"corpus": {"name": "toy"}, "models": {"encodings": ["sinusoidal"], "arch": "tiny"},
+            "train": {"recipe": "toy", "device": "cpu", "lr": 0.003, "max_update": 8},
+            "evaluate": {"checkpoints": "epoch", "average": 2}}
+
+    def refused(**changes):
+        given = copy.deepcopy(demo)
+        for path, value in changes.items():
+            put(given, path.replace("__", "."), value)
+        with pytest.raises(wf.ConfigError) as error:
+            study(given)
+        return str(error.value)
+
+    study(demo)  # accepted: the defaults the toy recipe and the CPU do not use are not refused
+    assert refused(train__batch_target=4096).startswith("train.batch_target 4096: train.recipe toy batches")
+    assert refused(train__precision="bf16") == 'train.precision "bf16": train.device cpu trains and decodes in fp32'
+    study({**demo, "train": {**demo["train"], "precision": "fp32"}})  # what the CPU runs: accepted
+    assert refused(train__gpus_per_node=2) == "train.gpus_per_node 2: train.device cpu trains in one process"
+    assert refused(corpus__bpe="sentencepiece").startswith('corpus.bpe "sentencepiece": corpus.name toy is the demo')
+    assert refused(warm_start__lr_scale=0.3).startswith("warm_start.lr_scale 0.3: warm_start.enabled is false")
+    study({**demo, "warm_start": {"enabled": False, "lr_scale": 0.3}})  # kept for later, as the demo's
+    assert refused(models__arch="big").startswith("models.arch big: train.recipe toy trains transformer_posenc")
