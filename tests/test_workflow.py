@@ -106,6 +106,9 @@ def test_a_changed_setting_retrains_and_the_dry_run_names_the_flag_with_its_old_
     dry = ok(snakemake(work, changed, target("sinusoidal"), "-n"))
     reason = next(line for line in dry.splitlines() if "Params have changed" in line)
     assert "'--lr', '0.003'" in reason.split(" now: ")[0] and "'--lr', '0.006'" in reason.split(" now: ")[1]
+    # the plan names the flag that changed, with its old and new values
+    assert "|   trains again, its configuration changed since study/models/sinusoidal/seed1/trained.json: " \
+        "lr: [0.003] -> [0.006]\n" in dry
     ok(snakemake(work, changed, target("sinusoidal")))
     # another configuration: another directory, trained from scratch; the first one is kept
     assert [(c["from"], c["to"]) for c in calls(work)] == [(0, 6), (0, 6)]
@@ -218,19 +221,20 @@ def test_the_budget_is_the_one_fairseq_train_stops_at(work):
 
 
 def test_a_training_of_several_nodes_without_srun_fails_in_one_line_before_fairseq_train(work):
-    nodes = study(train__nodes=2)
+    # on GPUs (train.device cpu trains in one process): the stand-in nvidia-smi's two
+    nodes = study(train__nodes=2, train__device="gpu")
     assert "nodes=2, tasks=2, mpi=srun" in ok(snakemake(work, nodes, target("sinusoidal"), "-n"))
     # this machine's PATH less any directory that holds an srun (a SLURM login node's)
-    path = os.pathsep.join(d for d in f"{STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}".split(":")
-                           if not os.path.exists(os.path.join(d, "srun")))
-    proc = snakemake(work, nodes, target("sinusoidal"), env={"PATH": path})
+    path = os.pathsep.join(d for d in f"{STUBS}:{STUBS}/gpu:{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+                           .split(":") if not os.path.exists(os.path.join(d, "srun")))
+    proc = snakemake(work, nodes, target("sinusoidal"), env={"PATH": path, "CUDA_VISIBLE_DEVICES": "0,1"})
     assert proc.returncode != 0 and "train_job.py: error: train.nodes > 1 starts fairseq-train with srun, which is " \
         "not on this machine: run the study on SLURM" in proc.stdout + proc.stderr
     assert not os.path.exists(os.path.join(work, target("sinusoidal")))
     assert not os.path.exists(os.path.join(work, "study", "checkpoints")) or not os.listdir(
         os.path.join(work, "study", "checkpoints"))
     # what needs no training still runs here: the corpus
-    ok(snakemake(work, nodes, "corpus/data-bin", env={"PATH": path}))
+    ok(snakemake(work, nodes, "corpus/data-bin", env={"PATH": path, "CUDA_VISIBLE_DEVICES": "0,1"}))
 
 
 def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):

@@ -25,6 +25,7 @@ as an epoch checkpoint instead, and a run ending between two intervals leaves it
 out of the average: both are counted, and too few checkpoints to average is said.
 """
 import argparse
+import json
 import logging
 import math
 import os
@@ -417,7 +418,7 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
         except PlanError as e:
             raise PlanError(f"{model.key}: {e}") from None
         print(f"| plan {model.key} (configuration {config_id}):", file=stream)
-        for line in plan["lines"]:
+        for line in plan["lines"] + changes_since_trained(study, model, config, config_id):
             print(f"|   {line}", file=stream)
         for name in totals:
             totals[name] += plan[name] or 0
@@ -432,6 +433,41 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
     if estimate and not glob_train(study.data_bin()) and (totals["disk"] or totals["gpu_hours"]):
         line += " (estimated before the corpus is prepared)"
     print(line, file=stream)
+    from .workflow import local_gpus
+
+    if study.train["device"] == "gpu" and not local_gpus():
+        print("| plan: no GPU on this machine: run the study through a profile (--profile recipes/profiles/slurm) "
+              "where its GPUs are, or set train.device: cpu; run here, its trainings and decodes are refused",
+              file=stream)
+
+
+def changes_since_trained(study, model, config: Dict, config_id: str) -> List[str]:
+    """What makes ``model`` train again where its record (trained.json) names another model: each
+    changed field of fairseq's resolved configuration with its old and new value
+    (train_config.differences of the recorded command's), and the code."""
+    from .train_config import differences, resolve
+    from .workflow import code_key, config_cache
+
+    path = os.path.join(study.model_dir(model), "trained.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        keyed = record["keyed"]
+    except (OSError, ValueError, KeyError):
+        return []
+    lines = []
+    if keyed.get("config") != config_id:
+        command = record["command"]
+        if command and os.path.basename(command[0]) == "fairseq-train":  # the program, then its arguments
+            command = command[1:]
+        try:
+            changed = differences(resolve(command, cache=config_cache()), config)
+        except (KeyError, ValueError) as error:
+            changed = [f"its recorded command no longer resolves ({error})"]
+        lines.append(f"trains again, its configuration changed since {path}: {'; '.join(changed) or '?'}")
+    if keyed.get("code") != code_key(model.encoding):
+        lines.append(f"trains again: the code that trains {model.encoding} changed since {path}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -724,6 +724,24 @@ class Study:
         return os.path.join(self.out, "checkpoints")
 
 
+def local_gpus(resources: Optional[dict] = None) -> int:
+    """The GPUs of the jobs Snakemake runs here: recipes/run.sh's ``--resources gpus=N`` where
+    ``resources`` (Snakemake's global resources) hold it, else counted as run.sh counts them
+    (CUDA_VISIBLE_DEVICES where set, else ``nvidia-smi -L``)."""
+    import subprocess
+
+    if resources and "gpus" in resources:
+        return int(getattr(resources["gpus"], "value", resources["gpus"]))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU") for line in listed.splitlines())
+
+
 def _without(flags: List[str], option: str) -> List[str]:
     """``flags`` less ``option`` and its value."""
     i = flags.index(option)
