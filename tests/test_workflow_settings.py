@@ -1,0 +1,37 @@
+"""recipes/Snakefile's refusals before any job, through Snakemake as a user runs it: a
+configuration the schema refuses (one line per error, no schema), and a study of train.device gpu
+run here on a machine without a GPU (its dry run plans it)."""
+import os
+
+from test_workflow import STUDY, calls, ok, snakemake, study, target
+
+# no GPU here, whatever the machine has: CUDA_VISIBLE_DEVICES empty, as recipes/run.sh counts them
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_a_misspelled_key_is_one_line_naming_the_close_match_not_the_schema(tmp_path):
+    config = study(train__max_updates=5, evaluate__beam=0)
+    config["modles"] = {}
+    proc = snakemake(str(tmp_path), config, "-n")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    errors = out.split("configuration refused by recipes/conf/schema.yaml:\n")[1].splitlines()[:3]
+    assert errors == ["modles: not a setting; did you mean models?",
+                      "evaluate.beam: 0 is less than the minimum of 1",
+                      "train.max_updates: not a setting of train; did you mean max_update?"]
+    # no schema: its descriptions and keywords are nowhere in the output, which is a few lines
+    assert "description" not in out and "additionalProperties" not in out and len(out.splitlines()) < 20, out
+
+
+def test_a_gpu_study_run_here_without_a_gpu_is_refused_before_any_job_but_planned(tmp_path):
+    work = str(tmp_path)
+    gpu = study(train__device="gpu")
+    planned = ok(snakemake(work, gpu, target("sinusoidal"), "-n", env=NO_GPU))
+    assert "| plan: no GPU on this machine: run the study through a profile" in planned
+    assert "rule train:" in planned
+    proc = snakemake(work, gpu, target("sinusoidal"), env=NO_GPU)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "configuration refused: train.device gpu, and no GPU on this machine for its " \
+        "train jobs: set train.device: cpu to run them on the CPU" in out
+    # before any job: not even the corpus, which the training needs first
+    assert not os.path.exists(os.path.join(work, STUDY["corpus"]["data"])) and calls(work) == []
