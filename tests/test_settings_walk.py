@@ -165,11 +165,12 @@ def test_a_setting_the_study_would_not_use_is_refused_in_one_line_when_given():
         return str(error.value)
 
     study(demo)  # accepted: the defaults the toy recipe and the CPU do not use are not refused
-    assert refused(train__batch_target=4096).startswith("train.batch_target 4096: train.recipe toy batches")
+    assert refused(train__batch_target=4096).startswith("train.batch_target 4096: train.recipe toy's batch is train.max_tokens")
     assert refused(train__precision="bf16") == 'train.precision "bf16": train.device cpu trains and decodes in fp32'
     study({**demo, "train": {**demo["train"], "precision": "fp32"}})  # what the CPU runs: accepted
     assert refused(train__gpus_per_node=2) == "train.gpus_per_node 2: train.device cpu trains in one process"
     assert refused(corpus__bpe="sentencepiece").startswith('corpus.bpe "sentencepiece": corpus.name toy is the demo')
-    assert refused(warm_start__lr_scale=0.3).startswith("warm_start.lr_scale 0.3: warm_start.enabled is false")
+    assert refused(corpus__mirror="http://m") == 'corpus.mirror "http://m": corpus.name toy reads no archive'
+    assert refused(warm_start__lr_scale=0.3).startswith("warm_start.lr_scale 0.3: warm_start.enabled is not set")
     study({**demo, "warm_start": {"enabled": False, "lr_scale": 0.3}})  # kept for later, as the demo's
     assert refused(models__arch="big").startswith("models.arch big: train.recipe toy trains transformer_posenc")

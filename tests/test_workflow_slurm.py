@@ -50,8 +50,9 @@ def test_a_big_floater_on_2_nodes_of_8_gpus_is_one_slurm_job_of_one_task_a_node(
     config = {**wf.STUDY, **BIG_2X8, "corpus": wf.STUDY["corpus"]}
     log = os.path.join(work, "slurm.jsonl")
     env = {"PATH": f"{SLURM}:{wf.STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "SLURM_LOG": log}
-    # the vanilla stage here (its job's srun stand-in runs the stub fairseq-train once)
-    wf.ok(wf.snakemake(work, config, wf.target("vanilla"), env=env))
+    # the vanilla stage here, as inside an allocation of two GPUs (its job's srun stand-in runs the
+    # stub fairseq-train once)
+    wf.ok(wf.snakemake(work, config, wf.target("vanilla"), env={**env, "CUDA_VISIBLE_DEVICES": "0,1"}))
     (srun,) = [c for c in _log(log) if c["command"] == "srun"]
     assert srun["argv"][:3] == ["--nodes=2", "--ntasks-per-node=1", "fairseq-train"]
     argv = srun["argv"]

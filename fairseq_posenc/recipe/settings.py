@@ -76,14 +76,14 @@ def changed(given: dict, prefix: str) -> List[Tuple[str, object]]:
     return out
 
 
-def _refusals(study) -> Iterator[Tuple[List[str], str]]:
+def _refusals(study, given: dict) -> Iterator[Tuple[List[str], str]]:
     """(fields, why) of the settings the study would not use: refused where given otherwise than
     their defaults."""
     t, corpus = study.train, study.config["corpus"]
     if t["recipe"] == "toy":
-        why = "train.recipe toy batches train.max_tokens sentences' tokens, update_freq of them an update: the " \
-              "scaling_nmt recipe's setting"
-        yield ["train.batch_target", "train.large_batch"], why
+        yield ["train.batch_target", "train.large_batch"], \
+            "train.recipe toy's batch is train.max_tokens tokens, update_freq batches an update: the scaling_nmt " \
+            "recipe's setting"
         yield ["evaluate.max_tokens"], "train.recipe toy decodes batches of 64 sentences"
         yield ["distillation"], "train.recipe toy trains no students: distillation is the scaling_nmt recipe's"
     elif t["max_tokens"] != "auto" and t["update_freq"] != "auto":
@@ -94,26 +94,27 @@ def _refusals(study) -> Iterator[Tuple[List[str], str]]:
         yield ["train.nodes", "train.gpus_per_node"], "train.device cpu trains in one process"
     if int(t["nodes"]) == 1:
         yield ["train.distributed_port"], "only a training of several nodes (train.nodes > 1) listens on it"
+    if study.facts["style"] not in ("wmt", "iwslt"):
+        yield [f"corpus.{name}" for name in ("sources", "archives", "download", "download_timeout", "mirror",
+                                             "verify_checksums")], f"corpus.name {corpus['name']} reads no archive"
     if study.facts["style"] == "toy":
-        yield [f"corpus.{name}" for name in ("pair", "sources", "archives", "download", "download_timeout", "mirror",
-                                             "verify_checksums", "bpe", "bpe_size", "valid")], \
-            "corpus.name toy is the demo's generated pair (corpus.toy), read from no archive"
+        yield [f"corpus.{name}" for name in ("pair", "bpe", "bpe_size", "valid")], \
+            "corpus.name toy is the demo's generated pair (corpus.toy): src-tgt, whole words, its own valid set"
     else:
         yield ["corpus.toy"], f"corpus.toy is the demo's generated pair, not corpus.name {corpus['name']}"
     warm = study.warm
-    if not warm.get("enabled"):
+    if not warm.get("enabled") and value_at(given, "warm_start.enabled") is ABSENT:
+        # an explicit enabled: false keeps them for later (the demo's, for scripts/demo.py --warm-start)
         yield [f"warm_start.{name}" for name in schema()["properties"]["warm_start"]["properties"] if name != "enabled"], \
-            "warm_start.enabled is false (set it to warm-start the floater and rnn rows, or set it false to keep " \
-            "these for later)"
+            "warm_start.enabled is not set: set it true to warm-start the floater and rnn rows (false keeps " \
+            "these settings for later)"
     elif warm.get("start", VANILLA) != VANILLA:
         yield ["warm_start.vanilla"], f"warm_start.start is the row {warm['start']}: no {VANILLA} stage trains"
 
 
 def check(study, given: Optional[dict]) -> None:
     """Refuse, in one line, what the study cannot run: a model size the recipe has not, and (with
-    ``given``, the configuration before the schema's defaults) a setting given that it would not use.
-    ``warm_start``'s settings stay accepted beside an explicit ``enabled: false`` (the demo keeps
-    its warm start's settings for scripts/demo.py --warm-start)."""
+    ``given``, the configuration before the schema's defaults) a setting given that it would not use."""
     from ..models.from_flags import MODEL_SIZES
 
     if study.train["recipe"] == "toy" and study.arch not in MODEL_SIZES:
@@ -121,11 +122,8 @@ def check(study, given: Optional[dict]) -> None:
                           f"{', '.join(MODEL_SIZES)} (scaling_nmt trains fairseq's {study.arch})")
     if given is None:
         return
-    for paths, why in _refusals(study):
+    for paths, why in _refusals(study, given):
         for prefix in paths:
-            if prefix.startswith("warm_start.") and value_at(given, "warm_start.enabled") is not ABSENT \
-                    and not study.warm.get("enabled"):
-                continue
             for path, value in changed(given, prefix):
                 raise ConfigError(f"{path} {json.dumps(value)}: {why}")
 

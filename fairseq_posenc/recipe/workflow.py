@@ -603,11 +603,13 @@ class Study:
                                 warmup_updates=int(self.recipe_default("warmup_updates")),
                                 share=SHARE_FLAGS[t["share_embeddings"]])
         flags = _without(flags, "--seed")  # _common_end gives it
+        interval = ["--save-interval-updates", str(self.arch_default("save_interval_updates"))] \
+            if self.evaluate["checkpoints"] == "update" or t.get("save_interval_updates", "auto") != "auto" else []
         if self.evaluate["checkpoints"] == "update":
             # interval checkpoints to average: the scaling_nmt recipe's, every save_interval_updates
-            flags = _without(flags, "--keep-last-epochs") + self._keep_flags(model)
-        if self.evaluate["checkpoints"] == "update" or t.get("save_interval_updates", "auto") != "auto":
-            flags += ["--save-interval-updates", str(self.arch_default("save_interval_updates"))]
+            flags = _without(flags, "--keep-last-epochs") + self._keep_flags(model) + interval
+        elif interval:  # besides the epoch checkpoints averaged, the last interval one (to resume from)
+            flags += interval + ["--keep-interval-updates", "1"]
         flags += self._optimizer_flags()
         if t["weight_decay"]:
             flags += ["--weight-decay", str(t["weight_decay"])]
