@@ -27,7 +27,7 @@ def test_a_gpu_study_run_here_without_a_gpu_is_refused_before_any_job_but_planne
     work = str(tmp_path)
     gpu = study(train__device="gpu")
     planned = ok(snakemake(work, gpu, target("sinusoidal"), "-n", env=NO_GPU))
-    assert "| plan: no GPU on this machine: run the study through a profile" in planned
+    assert "| plan: no GPU on this machine: the trainings and decodes run through a profile or executor" in planned
     assert "rule train:" in planned
     proc = snakemake(work, gpu, target("sinusoidal"), env=NO_GPU)
     out = proc.stdout + proc.stderr

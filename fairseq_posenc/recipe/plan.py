@@ -436,8 +436,8 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
     from .workflow import local_gpus
 
     if study.train["device"] == "gpu" and not local_gpus():
-        print("| plan: no GPU on this machine: run the study through a profile (--profile recipes/profiles/slurm) "
-              "where its GPUs are, or set train.device: cpu; run here, its trainings and decodes are refused",
+        print("| plan: no GPU on this machine: the trainings and decodes run through a profile or executor "
+              "(--profile recipes/profiles/slurm); run here they are refused (train.device: cpu runs them on the CPU)",
               file=stream)
 
 
