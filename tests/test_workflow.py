@@ -256,7 +256,8 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
     assert "--alibi-encoder split would change nothing" in refused(
         {"models": {"encodings": ["sinusoidal:--alibi-encoder=split"]}})
     assert refused({"models": {"encodings": ["alibi", "alibi:--alibi-encoder=symmetric"]}}) == \
-        "models.encodings alibi and alibi:--alibi-encoder=symmetric are the same model, 'alibi'"
+        "models.encodings alibi and alibi:--alibi-encoder=symmetric are the same model, 'alibi': fairseq resolves " \
+        "them to one configuration"
     assert refused({"models": {"encodings": ["sinusoidal"], "baseline": "rope"}}).startswith(
         "models.baseline rope is not among models.encodings")
     assert refused({"train": {"encoding_flags": {"floatr": ["--floater-step", "0.1"]}}}).startswith(

@@ -38,7 +38,8 @@ rule results:
 rule length_report:
     input:
         study=STUDY_JSON,
-        files=[d + f for d in EVALUATED for f in ("/test.detok.txt", "/label.txt", "/test.log")],
+        files=[d + f for d in EVALUATED for f in ("/test.detok.txt", "/label.txt", "/test.log", "/averaged.pt",
+                                                  "/trained.json")],
         scripts=scripts(f"{RECIPE_PY}/report.py"),
     output:
         OUT + "/bleu_by_length.md",

@@ -9,13 +9,10 @@ _RESOLVED = {}
 
 def resolved(model):
     """(fairseq's resolved configuration of the model's command, its hash)."""
-    if model.key not in _RESOLVED:
-        try:
-            config = train_config.resolve(STUDY.command(model), cache=wf.config_cache())
-        except ValueError as error:
-            raise WorkflowError(f"configuration refused: {model.key}: {error}") from None
-        _RESOLVED[model.key] = (config, train_config.identity(config))
-    return _RESOLVED[model.key]
+    try:
+        return STUDY.resolved(model)
+    except wf.ConfigError as error:
+        raise WorkflowError(f"configuration refused: {error}") from None
 
 
 def _model(wildcards):
