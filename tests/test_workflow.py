@@ -125,13 +125,33 @@ def test_a_changed_setting_retrains_and_the_dry_run_names_the_flag_with_its_old_
 
 
 def test_an_exit_0_before_the_budget_fails_the_job_and_writes_no_record(work):
-    proc = snakemake(work, STUDY, target("sinusoidal"), env={"STUB_STOP_AT": "4"})
+    """Through recipes/run.sh, with a .yml study and a target right after it (its own --resources
+    used to take the target): the training job's log (Snakemake's, and the console) gives the
+    update, the budget and the time left at each of fairseq's log lines, and the study directory
+    links to the checkpoints from the job's start, also when it fails."""
+    config = study(train__flags=["--log-interval", "2"])
+    with open(os.path.join(work, "study.yml"), "w") as f:
+        yaml.safe_dump(config, f)
+    env = {**os.environ, "PATH": f"{STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+           "STUB_LOG": os.path.join(work, "calls.jsonl"), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+           "STUB_SECONDS_PER_UPDATE": "0.3", "STUB_STOP_AT": "4"}
+    proc = subprocess.run(["bash", os.path.join(REPO, "recipes", "run.sh"), "demo", "study.yml", target("sinusoidal"),
+                           "--cores", "1"], cwd=work, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode != 0
     assert "fairseq-train exited 0 but stopped at update 4 (epoch 0), before its budget (update 6)" in proc.stdout + proc.stderr
     assert "--stop-time-hours, --patience" in proc.stdout + proc.stderr
     assert not os.path.exists(os.path.join(work, target("sinusoidal")))
+    link = os.path.join(work, "study", "models", "sinusoidal", "seed1", "checkpoints")
+    assert "num_updates=4" in open(os.path.join(link, "train.log")).read()  # fairseq's log, from the study
+    log = open(os.path.join(work, "study", "models", "sinusoidal", "seed1", "train.log")).read()
+    lines = re.findall(r"^\| sinusoidal/seed1: (\d)/6 updates \((\d+)%\), (\d+)s in this run, about (\d+)s left$",
+                       log, re.M)
+    assert [(u, p) for u, p, _, _ in lines] == [("2", "33"), ("4", "67")]
+    for _, percent, elapsed, left in lines:  # the rest of the budget at the pace so far (each rounded to 1 s)
+        assert abs(int(left) - int(elapsed) * (100 - int(percent)) / int(percent)) <= 1.01
+    assert all(line in proc.stdout + proc.stderr for line in re.findall(r"^\| sinusoidal/seed1: .*$", log, re.M))
     # the next run goes on from update 4
-    ok(snakemake(work, STUDY, target("sinusoidal")))
+    ok(snakemake(work, config, target("sinusoidal")))
     assert [(c["from"], c["to"]) for c in calls(work)] == [(0, 4), (4, 6)]
 
 
@@ -413,3 +433,4 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     assert all("--resources gpus=2 -n" in out for out in outs.values())
     held = re.findall(r"^\s*resources: .*?gpus=(\d+)", outs["iwslt14_de_en"], re.M)
     assert held == ["1"] * 18 and set(re.findall(r"gpus=(\d+)", outs["demo"].split("--resources")[1])) == {"2", "0"}
+

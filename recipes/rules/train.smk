@@ -76,6 +76,11 @@ rule train:
         unpack(_train_inputs),
     output:
         OUT + "/models/{name}/seed{seed}/trained.json",
+    log:
+        # the job's lines: where it trains, then the update, the budget and the time left at each of
+        # fairseq's log lines (also on the console); fairseq's own log is checkpoints/train.log beside
+        # it, the checkpoint directory linked there from the job's start
+        OUT + "/models/{name}/seed{seed}/train.log",
     params:
         command=lambda w: STUDY.command(_model(w)),
         config_id=lambda w: resolved(_model(w))[1],
@@ -106,4 +111,4 @@ rule train:
         "OMP_NUM_THREADS={threads} {PY} {RECIPE_PY}/train_job.py --record {output} --checkpoints {params.root} "
         "--config-id {params.config_id} --code {params.code} --software {params.software:q} --data {input.data} "
         "{params.start} {params.teacher} {params.budget} {params.launcher} "
-        "--link $(dirname {output})/checkpoints -- fairseq-train {params.command:q}"
+        "--link $(dirname {output})/checkpoints -- fairseq-train {params.command:q} 2>&1 | tee {log}"
