@@ -6,8 +6,8 @@ configuration in which it differs from the study's other rows, e.g. ``sinusoidal
 The options are read from each checkpoint's stored configuration, never from how a row was asked
 for: the fields that name a model (fairseq_posenc/recipe/train_config.py ``hashed_fields``: the
 resolved configuration less paths, logging, devices and the budget, the batch as its tokens per
-update), less the plugin's position options, which the label speaks for, and the architecture's
-name, which the label's encoding and the fields it sets say. An option is named in the rows whose
+update), less the plugin's position options and fairseq's input position embedding, which the label speaks
+for, and the architecture's name, which the label's encoding and the fields it sets say. An option is named in the rows whose
 value differs from the most common one among the rows (the earliest row's where several are as
 common), so that a study's common setting is named nowhere.
 """
@@ -17,6 +17,9 @@ import json
 from typing import Any, Dict, List
 
 ARCH_NAMES = ("model.arch", "model._name")
+# fairseq's own input position embedding: the encoding decides it (transformer_posenc.build_model
+# sets these from the scheme; none drops it), so the label names it
+INPUT_POSITIONS = ("encoder_learned_pos", "decoder_learned_pos", "no_token_positional_embeddings")
 
 
 def stored_config(path: str) -> Dict[str, Any]:
@@ -62,7 +65,7 @@ def training_options(config: Dict[str, Any]) -> Dict[str, Any]:
     """The fields of a stored configuration that can make two rows two models, less the label's."""
     from .recipe.train_config import hashed_fields
 
-    position = _position_options()
+    position = _position_options() | set(INPUT_POSITIONS)
     return {key: value for key, value in hashed_fields(config).items()
             if key not in ARCH_NAMES and key.rpartition(".")[2] not in position}
 

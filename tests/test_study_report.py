@@ -542,3 +542,19 @@ def test_two_concatenated_generate_outputs_are_refused_and_joined_by_plus_every_
     assert proc.returncode == 2 and proc.stderr.strip() == (
         f"report.py length: error: {model / 'test.detok.txt'}: source sentence id 3 repeats (fairseq-generate "
         "outputs joined into one file? give each of them as a file of its own)")
+
+
+def test_a_row_is_named_by_its_label_and_each_option_in_which_it_differs_from_the_common_value():
+    from fairseq_posenc.row_names import row_names
+
+    labels = ["sinusoidal", "sinusoidal", "alibi (split)", "rope"]
+    options = [{"model.encoder_layers": 6, "optimization.lr": [1e-3], "model.share_all_embeddings": True},
+               {"model.encoder_layers": 3, "optimization.lr": [1e-3], "model.share_all_embeddings": True},
+               {"model.encoder_layers": 6, "optimization.lr": [2e-3], "model.share_all_embeddings": False},
+               {"model.encoder_layers": 6, "optimization.lr": [1e-3], "model.share_all_embeddings": True,
+                "tokens_per_update": 8000}]
+    assert row_names(labels, options) == [
+        "sinusoidal", "sinusoidal (--encoder-layers 3)", "alibi (split, no --share-all-embeddings, --lr 0.002)",
+        "rope (tokens per update 8000)"]
+    # as common as each other: the earliest row's value is the study's, named nowhere
+    assert row_names(["a", "b"], [{"model.dropout": 0.1}, {"model.dropout": 0.2}]) == ["a", "b (--dropout 0.2)"]
