@@ -147,12 +147,38 @@ def test_an_exit_0_before_the_budget_fails_the_job_and_writes_no_record(work):
     lines = re.findall(r"^\| sinusoidal/seed1: (\d)/6 updates \((\d+)%\), (\d+)s in this run, about (\d+)s left$",
                        log, re.M)
     assert [(u, p) for u, p, _, _ in lines] == [("2", "33"), ("4", "67")]
-    for _, percent, elapsed, left in lines:  # the rest of the budget at the pace so far (each rounded to 1 s)
-        assert abs(int(left) - int(elapsed) * (100 - int(percent)) / int(percent)) <= 1.01
+    # the first line: the rest of the budget at the pace since the start (each rounded to 1 s)
+    assert abs(int(lines[0][3]) - int(lines[0][2]) * 2) <= 1.01
     assert all(line in proc.stdout + proc.stderr for line in re.findall(r"^\| sinusoidal/seed1: .*$", log, re.M))
     # the next run goes on from update 4
     ok(snakemake(work, config, target("sinusoidal")))
     assert [(c["from"], c["to"]) for c in calls(work)] == [(0, 4), (4, 6)]
+
+
+def test_the_progress_line_gives_the_update_the_budget_and_the_time_left_at_the_pace_since_the_first_line():
+    from fairseq_posenc.recipe.train_job import Progress
+
+    def inner(epoch, step, steps, updates):  # fairseq-train's --log-format simple lines
+        return (f"2026-11-28 01:26:57 | INFO | train_inner | epoch {epoch:03d}:  {step:5d} / {steps} loss=9.1, "
+                f"nll_loss=9.0, ppl=512, wps=3000, ups=1.2, wpb=2500, bsz=100, num_updates={updates}, lr=0.0001")
+
+    def valid(epoch, updates):
+        return (f"2026-11-28 01:26:57 | INFO | valid | epoch {epoch:03d} | valid on 'valid' subset | loss 7.619 | "
+                f"num_updates {updates} | best_loss 6.7")
+
+    progress = Progress("rope/seed2", 1000, None, None, began=0.0)
+    assert progress.read("2026-11-28 | INFO | fairseq_cli.train | task: TranslationTask", now=20) == ""
+    # at the first line, the pace since the start: 10% in 50 s, 90% in 450 s
+    assert progress.read(inner(1, 100, 385, 100), now=50) == \
+        "| rope/seed2: 100/1000 updates (10%), 50s in this run, about 7m30s left"
+    # then since the first line (the start's import and data loading left out): 10% in 10 s
+    assert progress.read(inner(1, 200, 385, 200), now=60) == \
+        "| rope/seed2: 200/1000 updates (20%), 1m00s in this run, about 1m20s left"
+    assert progress.read(valid(1, 200), now=61) == ""  # the same update once
+    # an epoch budget, resumed after 1 of 10 epochs: 2% more of it in 100 s, 88% left
+    progress = Progress("t5/seed1", None, 10, (385, 1), began=0.0)
+    assert progress.read(inner(2, 77, 385, 462), now=100) == \
+        "| t5/seed1: epoch 2/10 (12%), 1m40s in this run, about 1h13m left"
 
 
 def test_a_run_killed_after_its_last_save_finishes_on_the_next_run_without_training(work):

@@ -211,14 +211,18 @@ _EPOCH_END = re.compile(r"\bepoch (\d+) \| ")
 
 class Progress:
     """The job's progress lines from fairseq-train's log lines: the update, the budget, the share
-    of it done and the time left at this run's pace so far (its start, fairseq's import and data
-    loading included: the estimate only falls as the run goes)."""
+    of it done and the time left at this run's pace since its first log line (at that line, since
+    the run's start: fairseq's import and data loading included). One line an update (fairseq
+    gives an epoch's end twice, train and valid)."""
 
     def __init__(self, name: str, max_update: Optional[int], max_epoch: Optional[int],
                  done: Optional[Tuple[int, int]], began: float):
-        self.name, self.max_update, self.max_epoch, self.began = name, max_update, max_epoch, began
-        self.start = self._fraction(done[0], done[1], 0, 1) if done else 0.0
+        self.name, self.max_update, self.max_epoch = name, max_update, max_epoch
+        self.began = began
+        self.origin = (began, self._fraction(done[0], done[1], 0, 1) if done else 0.0)
+        self.first: Optional[Tuple[float, float]] = None
         self.epoch = (done[1] + 1, 0, 1) if done else (1, 0, 1)
+        self.last_update = -1
 
     def _fraction(self, updates: int, epochs_done: int, step: int, steps: int) -> float:
         """The share of the budget done, by whichever of its limits is nearer."""
@@ -242,15 +246,21 @@ class Progress:
         if not updates:
             return ""
         updates = int(updates.group(1))
+        if updates == self.last_update:
+            return ""
+        self.last_update = updates
         epoch, step, steps = self.epoch
         done = self._fraction(updates, epoch - 1, step, steps)
-        elapsed = (time.time() if now is None else now) - self.began
+        now = time.time() if now is None else now
+        since, then = self.first or self.origin
+        if self.first is None:
+            self.first = (now, done)
         budget = " or ".join(x for x in (self.max_update and f"{updates}/{self.max_update} updates",
                                          self.max_epoch and f"epoch {epoch}/{self.max_epoch}") if x)
         left = "left: unknown yet"
-        if done > self.start and elapsed > 0:
-            left = f"about {_duration((1 - done) * elapsed / (done - self.start))} left"
-        return f"| {self.name}: {budget} ({100 * done:.0f}%), {_duration(elapsed)} in this run, {left}"
+        if done > then and now > since:
+            left = f"about {_duration((1 - done) * (now - since) / (done - then))} left"
+        return f"| {self.name}: {budget} ({100 * done:.0f}%), {_duration(now - self.began)} in this run, {left}"
 
 
 def _duration(seconds: float) -> str:
