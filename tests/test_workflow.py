@@ -456,7 +456,7 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
         assert (name == "demo") != bool(re.search(r"of checkpoints, [\d.]+ GPU-hours \(estimated before the corpus "
                                                    r"is prepared\)$", total)), total
     # run here, at most two GPUs' jobs at once: a training or a decode holds one (the demo's none)
-    assert all("--resources gpus=2 -n" in out for out in outs.values())
+    assert all("--resources=gpus=2 -n" in out for out in outs.values())
     held = re.findall(r"^\s*resources: .*?gpus=(\d+)", outs["iwslt14_de_en"], re.M)
     assert held == ["1"] * 18 and set(re.findall(r"gpus=(\d+)", outs["demo"].split("--resources")[1])) == {"2", "0"}
 
