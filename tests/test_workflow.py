@@ -296,7 +296,7 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
         update_config(config, json.loads(json.dumps({**STUDY, **changes})))
         validate(config, os.path.join(REPO, "recipes", "conf", "schema.yaml"))
         with pytest.raises(wf_module.ConfigError) as error:
-            wf_module.Study(config)
+            wf_module.Study(config).check_same_rows()
         return str(error.value)
 
     assert "--alibi-encoder split would change nothing" in refused(

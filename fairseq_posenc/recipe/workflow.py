@@ -355,8 +355,6 @@ class Study:
         self._resolved: Dict[str, tuple] = {}
         self._check_rows(preflight)
         self.models = self._models()
-        if preflight:
-            self._check_same_rows()
 
     # -- rows and their preflight -----------------------------------------------------------------
     def _check_rows(self, preflight: bool):
@@ -386,10 +384,12 @@ class Study:
             except (ValueError, SystemExit) as e:
                 raise ConfigError(f"models.encodings {row.spec}: {e}") from None
 
-    def _check_same_rows(self):
+    def check_same_rows(self):
         """Two rows are one model where fairseq resolves their commands to one configuration
         (train_config.identity) from one start: refused, the report would show one model twice.
-        Rows that differ in any other flag (``--encoder-layers``, ``--dropout``) are two models."""
+        Rows that differ in any other flag (``--encoder-layers``, ``--dropout``) are two models.
+        Called where the rows are trained (recipes/rules/train.smk, scripts/demo.py): it resolves
+        each row's command, seconds a study."""
         seen = {}
         for row in self.rows:
             model = self.model(row.slug, self.seeds[0])

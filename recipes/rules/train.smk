@@ -65,9 +65,13 @@ NODES = int(STUDY.train["nodes"])
 GPU = STUDY.train["device"] == "gpu"
 
 if workflow.is_main_process:
-    # every model's configuration resolved now: a refused argument list fails the dry run, two
-    # models that would train in one directory with two budgets are refused, and the plan is
-    # printed once a model
+    # every model's configuration resolved now: a refused argument list or two rows of one model
+    # fail the dry run, two models that would train in one directory with two budgets are
+    # refused, and the plan is printed once a model
+    try:
+        STUDY.check_same_rows()
+    except wf.ConfigError as error:
+        raise WorkflowError(f"configuration refused: {error}") from None
     plan_module.print_study_plan(STUDY, {m.key: resolved(m) for m in STUDY.models}, _same_as())
 
 
