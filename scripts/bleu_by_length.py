@@ -10,11 +10,15 @@ table, JSON, and a two-panel plot (BLEU, length ratio).
 
 --checkpoint MODEL=CHECKPOINT names a model's rows by the label of its trained model, read from the
 checkpoint (fairseq_posenc/labels.py: ``alibi (split)``, ``t5 (bias scale 10)``), not from how it
-was meant to be trained.
+was meant to be trained, and each option of its stored configuration in which it differs from the
+other checkpoints' models (fairseq_posenc/row_names.py: ``sinusoidal (--encoder-layers 3)``).
 
 Each generation file is the output of ``fairseq-generate`` (its S-, T- and H- lines), one per seed
 (comma-separated, the same seeds in the same order for every model); the bins are over the source
-as it prints it (pass --remove-bpe to fairseq-generate to count words). Give a model trained with
+as it prints it (pass --remove-bpe to fairseq-generate to count words). A seed decoded on several
+test sets gives their files joined by ``+`` (``sin=test1.s1.txt+test2.s1.txt,...``): read apart and
+reported as one set, every sentence kept. A file in which a source sentence's id repeats (two
+outputs concatenated, each counting from 0) is refused: one of the two sentences would be lost. Give a model trained with
 ``--position-encoding none`` too: it is the floor that tells what any position information buys.
 
 The interval (fairseq_posenc/study_report.py) is the paired bootstrap over test sentences; with
@@ -38,14 +42,14 @@ logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_posenc import study_report  # noqa: E402
 from fairseq_posenc.length_bins import DEFAULT_EDGES, read_lines  # noqa: E402
-from fairseq_posenc.generation import parse_generate_output  # noqa: E402
+from fairseq_posenc.generation import join, parse_generate_output  # noqa: E402
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--generation", nargs="+", required=True, metavar="MODEL=FILE[,FILE...]",
-                        help="fairseq-generate output of each model, named; several files (one per seed) "
-                             "comma-separated")
+    parser.add_argument("--generation", nargs="+", required=True, metavar="MODEL=FILE[+FILE...][,FILE...]",
+                        help="fairseq-generate output of each model, named; one per seed, comma-separated; a "
+                             "seed's several test sets joined by +")
     parser.add_argument("--baseline", help="model the others are compared with (default: sinusoidal if given, "
                                            "else the first)")
     parser.add_argument("--control", nargs="+", default=[], metavar="MODEL=CONTROL",
@@ -84,38 +88,45 @@ def main(argv=None):
     runs, texts = {}, []
     for item in args.generation:
         name, sep, paths = item.rpartition("=")  # a label may hold "=" (rnn(rnn-layers=2)), a path not
-        if not sep or not name or not paths or "" in paths.split(","):
+        if not sep or not name or not paths or "" in paths.replace("+", ",").split(","):
             parser.error(f"--generation takes MODEL=FILE[,FILE...], got {item!r}")
         if name in runs:
             parser.error(f"--generation names {name} twice")
         runs[name] = []
-        for path in paths.split(","):
-            try:
-                text = "\n".join(read_lines(path))
-            except (OSError, ValueError) as e:
-                fail(e)
-            generation = parse_generate_output(text)
-            if not generation.hypotheses:
-                fail(f"{path} has no H- lines: is it fairseq-generate output?")
-            runs[name].append(generation)
-            texts.append(text)
+        for seed_paths in paths.split(","):
+            parts = []
+            for path in seed_paths.split("+"):
+                try:
+                    text = "\n".join(read_lines(path))
+                    generation = parse_generate_output(text, path)
+                except (OSError, ValueError) as e:
+                    fail(e)
+                if not generation.hypotheses:
+                    fail(f"{path} has no H- lines: is it fairseq-generate output?")
+                parts.append(generation)
+                texts.append(text)
+            runs[name].append(join(parts))
     counts = {name: len(gens) for name, gens in runs.items()}
     if len(set(counts.values())) > 1:
         fail("every model needs one generation per seed, the same number: got "
              + ", ".join(f"{name} {n}" for name, n in counts.items()))
     n_seeds = next(iter(counts.values()))
-    renamed = {}
+    renamed, options = {}, {}
     for item in args.checkpoint:
         model, sep, path = item.partition("=")
         if not sep or model not in runs or not path:
             parser.error(f"--checkpoint takes MODEL=CHECKPOINT with MODEL one of --generation's, got {item!r}")
+        from fairseq_posenc import row_names
         from fairseq_posenc.labels import checkpoint_label
 
         try:
             renamed[model] = checkpoint_label(path)
+            options[model] = row_names.training_options(row_names.stored_config(path))
         except Exception as e:  # noqa: BLE001  (fairseq's load raises many kinds)
             fail(f"--checkpoint {item}: {type(e).__name__}: {e}")
     if renamed:
+        # the label and each option of its training in which a model differs from the others named
+        renamed = dict(zip(renamed, row_names.row_names(list(renamed.values()), list(options.values()))))
         labels = [renamed.get(name, name) for name in runs]
         if len(set(labels)) < len(labels):
             fail("two models have the same label: " + ", ".join(f"{n} = {renamed.get(n, n)}" for n in runs))

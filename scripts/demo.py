@@ -132,7 +132,7 @@ def main(argv=None):
     # change nothing, an unknown encoding and two rows of one model are refused here
     try:
         config = study_config(changes)
-        wf.Study(config)
+        wf.Study(config).check_same_rows()
     except (wf.ConfigError, ValueError) as e:
         parser.error(str(e).replace("models.encodings", "--encodings").replace("models.baseline", "--baseline"))
     os.makedirs(args.out, exist_ok=True)

@@ -10,18 +10,32 @@ import sys
 
 import pytest
 
-DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "demo.py")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "scripts", "demo.py")
+SNAKEFILE = os.path.join(REPO, "recipes", "Snakefile")
+DEMO_CONFIG = os.path.join(REPO, "recipes", "conf", "demo.yaml")
 
 
 def test_demo_writes_the_report_table_json_and_plot(tmp_path):
-    proc = subprocess.run([sys.executable, DEMO, "--encodings", "none", "sinusoidal", "--max-update", "300",
-                           "--train-size", "1000", "--test-size", "60", "--size", "tiny", "--out", str(tmp_path)],
-                          capture_output=True, text=True)
+    """Also: a row that differs from another in a fairseq flag only (--encoder-layers) is a model
+    of its own, named by its label and that option; Snakemake's own report of the run."""
+    proc = subprocess.run([sys.executable, DEMO, "--encodings", "none", "sinusoidal", "sinusoidal:--encoder-layers=1",
+                           "--max-update", "300", "--train-size", "1000", "--test-size", "60", "--size", "tiny",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| plan total: 2 model(s) to train, 600 updates" in proc.stderr
+    assert "| plan total: 3 model(s) to train, 900 updates" in proc.stderr
     results = json.load(open(tmp_path / "results.json"))
-    assert [row["encoding"] for row in results["rows"]] == ["none", "sinusoidal"]
-    assert all(row["parameters"] == 178_176 and len(row["train_seconds"]) == 1 for row in results["rows"])
+    assert [row["encoding"] for row in results["rows"]] == ["none", "sinusoidal", "sinusoidal (--encoder-layers 1)"]
+    # tiny: a layer of the encoder holds 4 x (64 x 64 + 64) + (64 x 128 + 128 + 128 x 64 + 64) + 2 x 128 parameters
+    assert [row["parameters"] for row in results["rows"]] == [178_176, 178_176, 178_176 - 33_472]
+    assert all(len(row["train_seconds"]) == 1 for row in results["rows"])
+    records = [json.load(open(tmp_path / "models" / name / "seed1" / "trained.json"))
+               for name in ("sinusoidal", "sinusoidal-encoder-layers-1")]
+    assert records[0]["checkpoints"] != records[1]["checkpoints"] and records[1]["updates"] == 300
+    assert "--encoder-layers 1" in " ".join(records[1]["command"])
+    # each training's progress in its job's log
+    log = open(tmp_path / "models" / "sinusoidal-encoder-layers-1" / "seed1" / "train.log").read()
+    assert "| sinusoidal-encoder-layers-1/seed1: 300/300 updates (100%)" in log
     report = results["report"]
     assert results["edges"] == [3, 13, 19, 25] and report["baseline"] == "sinusoidal" and results["seeds"] == [1]
     # the toy test set is drawn from --data-seed 1: the same sentences on every machine
@@ -47,10 +61,17 @@ def test_demo_writes_the_report_table_json_and_plot(tmp_path):
     for encoding in ("none", "sinusoidal"):  # what each encoding looks like (scripts/plot_positions.py)
         assert (tmp_path / f"positions_{encoding}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "positions_none.png, positions_sinusoidal.png" in proc.stdout
+    # the table and the plot in Snakemake's browsable report of the run
+    report = subprocess.run([sys.executable, "-m", "snakemake", "-s", SNAKEFILE, "--configfile", DEMO_CONFIG,
+                             str(tmp_path / "demo_config.yaml"), "--report", str(tmp_path / "report.html")],
+                            capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr[-3000:]
+    html = open(tmp_path / "report.html").read()
+    assert "results.md" in html and "bleu_by_length.png" in html
     # a re-run trains nothing: every job's outputs are up to date
-    again = subprocess.run([sys.executable, DEMO, "--encodings", "none", "sinusoidal", "--max-update", "300",
-                            "--train-size", "1000", "--test-size", "60", "--size", "tiny", "--out", str(tmp_path),
-                            "--dry-run"], capture_output=True, text=True)
+    again = subprocess.run([sys.executable, DEMO, "--encodings", "none", "sinusoidal", "sinusoidal:--encoder-layers=1",
+                            "--max-update", "300", "--train-size", "1000", "--test-size", "60", "--size", "tiny",
+                            "--out", str(tmp_path), "--dry-run"], capture_output=True, text=True)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
 

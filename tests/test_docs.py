@@ -161,14 +161,14 @@ def _config_keys():
 
 
 def recipe_unknown(variables, tokens):
-    """recipes/CORPUS/run.sh [STUDY.yaml...] [snakemake options]: the files exist, the options are
+    """recipes/CORPUS/run.sh [STUDY.yaml|.yml...] [snakemake options]: the files exist, the options are
     Snakemake's, a --config key is the schema's; the recipes read no variable of their own."""
     recipe = tokens[0]
     if not re.fullmatch(r"recipes/[\w]+/run\.sh|recipes/run\.sh", recipe) or not os.path.isfile(os.path.join(REPO, recipe)):
         return [f"{recipe} (no such entry point)"]
     unknown = [v for v in variables if v not in ENVIRONMENT]
     rest = tokens[1:]
-    while rest and rest[0].endswith(".yaml"):
+    while rest and rest[0].endswith((".yaml", ".yml")):
         if not os.path.isfile(os.path.join(REPO, rest[0])) and not PLACEHOLDER.match(rest[0]) \
                 and "/" in rest[0]:
             unknown.append(f"{rest[0]} (no such file)")

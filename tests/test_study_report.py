@@ -489,3 +489,72 @@ def test_one_seed_shows_bleu_without_a_spread_and_rows_do_not_repeat_their_model
     rows = [line for line in table.splitlines() if line.startswith("| copy |") or line.startswith("| half |")]
     assert rows and not any("±" in line for line in rows)
     assert "(one seed;" in table
+
+
+def _bleu_by_length_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bleu_by_length", os.path.join(SCRIPTS, "bleu_by_length.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_two_concatenated_generate_outputs_are_refused_and_joined_by_plus_every_sentence_counts(tmp_path, capsys):
+    """Two test sets decoded apart count their ids from 0 each: their outputs concatenated into one
+    file are refused (naming the file and the first id seen twice), given as FILE+FILE they are
+    reported together, all 50 sentences; the workflow's report refuses the concatenated file too."""
+    first, second = _corpus(30, seed=1), _corpus(20, seed=2)
+    one = _generate_output(tmp_path / "one.txt", first, first)
+    two = _generate_output(tmp_path / "two.txt", second, _corrupt(second, 0.5, 3))
+    # fairseq-generate prints sentences as their batches finish: the second file's first is id 3
+    lines = open(two).read().splitlines()
+    lines = lines[9:12] + lines[:9] + lines[12:]
+    (tmp_path / "two.txt").write_text("\n".join(lines) + "\n")
+    both = tmp_path / "both.txt"
+    both.write_text(open(one).read() + open(two).read())
+    script = _bleu_by_length_script()
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--generation", f"a={both}", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"bleu_by_length.py: error: {both}: source sentence id 3 repeats" in err
+    assert not (tmp_path / "o.json").exists()
+    exact = _generate_output(tmp_path / "exact.txt", second, second)
+    script.main(["--generation", f"a={one}+{two}", f"b={one}+{exact}", "--bins", "0", "10", "--out", str(tmp_path / "o")])
+    saved = json.load(open(tmp_path / "o.json"))
+    assert sum(b["sentences"] for b in saved["bins"]) == 50
+    expected = {"[0,10)": sum(len(s.split()) < 10 for s in first + second)}
+    expected["[10,inf)"] = 50 - expected["[0,10)"]
+    assert {b["bin"]: b["sentences"] for b in saved["bins"]} == expected
+    # the second set's words, half replaced, pull a's BLEU below b's (b: both sets exact, 100)
+    assert saved["models"]["b"][0]["bleu"] == pytest.approx(100.0) and saved["models"]["a"][0]["bleu"] < 90
+    # the workflow's length report reads each model's test.detok.txt: refused there as well
+    model = tmp_path / "study" / "models" / "sinusoidal" / "seed1"
+    model.mkdir(parents=True)
+    (model / "test.detok.txt").write_text(both.read_text())
+    (model / "label.txt").write_text("sinusoidal\n")
+    (model / "test.log").write_text("")
+    (tmp_path / "study.json").write_text(json.dumps({"out": "study", "models": {"seeds": [1]}, "report": {}}))
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(SCRIPTS), "fairseq_posenc", "recipe",
+                                                        "report.py"), "length", "--study", str(tmp_path / "study.json"),
+                           "--models", str(model), "--out", str(tmp_path / "len")], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"report.py length: error: {model / 'test.detok.txt'}: source sentence id 3 repeats (fairseq-generate "
+        "outputs joined into one file? give each of them as a file of its own)")
+
+
+def test_a_row_is_named_by_its_label_and_each_option_in_which_it_differs_from_the_common_value():
+    from fairseq_posenc.row_names import row_names
+
+    labels = ["sinusoidal", "sinusoidal", "alibi (split)", "rope"]
+    options = [{"model.encoder_layers": 6, "optimization.lr": [1e-3], "model.share_all_embeddings": True},
+               {"model.encoder_layers": 3, "optimization.lr": [1e-3], "model.share_all_embeddings": True},
+               {"model.encoder_layers": 6, "optimization.lr": [2e-3], "model.share_all_embeddings": False},
+               {"model.encoder_layers": 6, "optimization.lr": [1e-3], "model.share_all_embeddings": True,
+                "tokens_per_update": 8000}]
+    assert row_names(labels, options) == [
+        "sinusoidal", "sinusoidal (--encoder-layers 3)", "alibi (split, no --share-all-embeddings, --lr 0.002)",
+        "rope (tokens per update 8000)"]
+    # as common as each other: the earliest row's value is the study's, named nowhere
+    assert row_names(["a", "b"], [{"model.dropout": 0.1}, {"model.dropout": 0.2}]) == ["a", "b (--dropout 0.2)"]

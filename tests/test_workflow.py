@@ -128,14 +128,60 @@ def test_a_changed_setting_retrains_and_the_dry_run_names_the_flag_with_its_old_
 
 
 def test_an_exit_0_before_the_budget_fails_the_job_and_writes_no_record(work):
-    proc = snakemake(work, STUDY, target("sinusoidal"), env={"STUB_STOP_AT": "4"})
+    """Through recipes/run.sh, with a .yml study and a target right after it (its own --resources
+    used to take the target): the training job's log (Snakemake's, and the console) gives the
+    update, the budget and the time left at each of fairseq's log lines, and the study directory
+    links to the checkpoints from the job's start, also when it fails."""
+    config = study(train__flags=["--log-interval", "2"])
+    with open(os.path.join(work, "study.yml"), "w") as f:
+        yaml.safe_dump(config, f)
+    env = {**os.environ, "PATH": f"{STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+           "STUB_LOG": os.path.join(work, "calls.jsonl"), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+           "STUB_SECONDS_PER_UPDATE": "0.3", "STUB_STOP_AT": "4"}
+    proc = subprocess.run(["bash", os.path.join(REPO, "recipes", "run.sh"), "demo", "study.yml", target("sinusoidal"),
+                           "--cores", "1"], cwd=work, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode != 0
     assert "fairseq-train exited 0 but stopped at update 4 (epoch 0), before its budget (update 6)" in proc.stdout + proc.stderr
     assert "--stop-time-hours, --patience" in proc.stdout + proc.stderr
     assert not os.path.exists(os.path.join(work, target("sinusoidal")))
+    link = os.path.join(work, "study", "models", "sinusoidal", "seed1", "checkpoints")
+    assert "num_updates=4" in open(os.path.join(link, "train.log")).read()  # fairseq's log, from the study
+    log = open(os.path.join(work, "study", "models", "sinusoidal", "seed1", "train.log")).read()
+    lines = re.findall(r"^\| sinusoidal/seed1: (\d)/6 updates \((\d+)%\), (\d+)s in this run, about (\d+)s left$",
+                       log, re.M)
+    assert [(u, p) for u, p, _, _ in lines] == [("2", "33"), ("4", "67")]
+    # the first line: the rest of the budget at the pace since the start (each rounded to 1 s)
+    assert abs(int(lines[0][3]) - int(lines[0][2]) * 2) <= 1.01
+    assert all(line in proc.stdout + proc.stderr for line in re.findall(r"^\| sinusoidal/seed1: .*$", log, re.M))
     # the next run goes on from update 4
-    ok(snakemake(work, STUDY, target("sinusoidal")))
+    ok(snakemake(work, config, target("sinusoidal")))
     assert [(c["from"], c["to"]) for c in calls(work)] == [(0, 4), (4, 6)]
+
+
+def test_the_progress_line_gives_the_update_the_budget_and_the_time_left_at_the_pace_since_the_first_line():
+    from fairseq_posenc.recipe.train_job import Progress
+
+    def inner(epoch, step, steps, updates):  # fairseq-train's --log-format simple lines
+        return (f"2026-11-28 01:26:57 | INFO | train_inner | epoch {epoch:03d}:  {step:5d} / {steps} loss=9.1, "
+                f"nll_loss=9.0, ppl=512, wps=3000, ups=1.2, wpb=2500, bsz=100, num_updates={updates}, lr=0.0001")
+
+    def valid(epoch, updates):
+        return (f"2026-11-28 01:26:57 | INFO | valid | epoch {epoch:03d} | valid on 'valid' subset | loss 7.619 | "
+                f"num_updates {updates} | best_loss 6.7")
+
+    progress = Progress("rope/seed2", 1000, None, None, began=0.0)
+    assert progress.read("2026-11-28 | INFO | fairseq_cli.train | task: TranslationTask", now=20) == ""
+    # at the first line, the pace since the start: 10% in 50 s, 90% in 450 s
+    assert progress.read(inner(1, 100, 385, 100), now=50) == \
+        "| rope/seed2: 100/1000 updates (10%), 50s in this run, about 7m30s left"
+    # then since the first line (the start's import and data loading left out): 10% in 10 s
+    assert progress.read(inner(1, 200, 385, 200), now=60) == \
+        "| rope/seed2: 200/1000 updates (20%), 1m00s in this run, about 1m20s left"
+    assert progress.read(valid(1, 200), now=61) == ""  # the same update once
+    # an epoch budget, resumed after 1 of 10 epochs: 2% more of it in 100 s, 88% left
+    progress = Progress("t5/seed1", None, 10, (385, 1), began=0.0)
+    assert progress.read(inner(2, 77, 385, 462), now=100) == \
+        "| t5/seed1: epoch 2/10 (12%), 1m40s in this run, about 1h13m left"
 
 
 def test_a_run_killed_after_its_last_save_finishes_on_the_next_run_without_training(work):
@@ -254,13 +300,14 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
         update_config(config, json.loads(json.dumps({**STUDY, **changes})))
         validate(config, os.path.join(REPO, "recipes", "conf", "schema.yaml"))
         with pytest.raises(wf_module.ConfigError) as error:
-            wf_module.Study(config)
+            wf_module.Study(config).check_same_rows()
         return str(error.value)
 
     assert "--alibi-encoder split would change nothing" in refused(
         {"models": {"encodings": ["sinusoidal:--alibi-encoder=split"]}})
     assert refused({"models": {"encodings": ["alibi", "alibi:--alibi-encoder=symmetric"]}}) == \
-        "models.encodings alibi and alibi:--alibi-encoder=symmetric are the same model, 'alibi'"
+        "models.encodings alibi and alibi:--alibi-encoder=symmetric are the same model, 'alibi': fairseq resolves " \
+        "them to one configuration"
     assert refused({"models": {"encodings": ["sinusoidal"], "baseline": "rope"}}).startswith(
         "models.baseline rope is not among models.encodings")
     assert refused({"train": {"encoding_flags": {"floatr": ["--floater-step", "0.1"]}}}).startswith(
@@ -413,6 +460,7 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
         assert (name == "demo") != bool(re.search(r"of checkpoints, [\d.]+ GPU-hours \(estimated before the corpus "
                                                    r"is prepared\)$", total)), total
     # run here, at most two GPUs' jobs at once: a training or a decode holds one (the demo's none)
-    assert all("--resources gpus=2 -n" in out for out in outs.values())
+    assert all("--resources=gpus=2 -n" in out for out in outs.values())
     held = re.findall(r"^\s*resources: .*?gpus=(\d+)", outs["iwslt14_de_en"], re.M)
     assert held == ["1"] * 18 and set(re.findall(r"gpus=(\d+)", outs["demo"].split("--resources")[1])) == {"2", "0"}
+

@@ -138,7 +138,7 @@ def test_a_short_to_long_study_with_a_distilled_student_runs_to_its_report(wmt, 
         assert sum(line.startswith("H-") for line in lines(os.path.join(directory, "test.txt"))) == sum(bins)
         # the last 2 epoch checkpoints averaged
         read = sorted(int(n) for n in re.findall(r"read \S+/checkpoint(\d+)\.pt",
-                                                    open(os.path.join(directory, "averaged.pt.log")).read()))
+                                                    open(os.path.join(directory, "average.log")).read()))
         epochs = sorted(int(m.group(1)) for m in (re.fullmatch(r"checkpoint(\d+)\.pt", f) for f in
                                                   os.listdir(os.path.join(directory, "checkpoints"))) if m)
         assert len(read) == 2 and read == epochs[-2:], (read, epochs)

@@ -10,8 +10,9 @@ OUT/models/NAME/seedS: trained.json, averaged.pt, label.txt, test.txt, score.txt
     python fairseq_posenc/recipe/report.py demo --study STUDY.json --models DIR... --out OUT
 
 A row is named by its models' label (label.txt, read from the averaged checkpoint by
-``python -m fairseq_posenc.labels``): every seed of a row must have the same one, and two rows the
-same label are refused.
+``python -m fairseq_posenc.labels``; every seed of a row must have the same one) and the options in
+which its training differs from the other rows', read from averaged.pt's stored configuration
+(fairseq_posenc/row_names.py): ``sinusoidal`` and ``sinusoidal (--encoder-layers 3)``.
 """
 import argparse
 import json
@@ -41,6 +42,11 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def _generation(path: str):
+    """fairseq-generate's output in ``path``; refused where a source sentence id repeats."""
+    return parse_generate_output(_read(path), path)
+
+
 def rows_of(model_dirs: List[str]) -> "OrderedDict[str, List[str]]":
     """row name -> its model directories (seeds in the order given)."""
     rows: "OrderedDict[str, List[str]]" = OrderedDict()
@@ -50,15 +56,30 @@ def rows_of(model_dirs: List[str]) -> "OrderedDict[str, List[str]]":
 
 
 def labelled(model_dirs: List[str]) -> "OrderedDict[str, List[str]]":
-    """label -> the row's model directories, each row under its models' one label."""
-    out: "OrderedDict[str, List[str]]" = OrderedDict()
-    names = {}
-    for name, dirs in rows_of(model_dirs).items():
+    """row name -> the row's model directories: each row under its models' one label and the
+    options of its training in which it differs from the other rows (fairseq_posenc/row_names.py,
+    from the first seed's averaged.pt), rows trained from a start or a teacher compared with each
+    other, the rest with each other (a warm start's lower lr and a student's size are their kind's)."""
+    from fairseq_posenc import row_names
+
+    rows = rows_of(model_dirs)
+    labels, groups, options = {}, OrderedDict(), {}
+    for name, dirs in rows.items():
         found = {d: _read(os.path.join(d, "label.txt")).strip() for d in dirs}
         if len(set(found.values())) != 1:
             raise ReportError(f"row {name}: its seeds' models have different labels ("
                               + ", ".join(f"{os.path.basename(d)}: {label}" for d, label in found.items()) + ")")
-        label = next(iter(found.values()))
+        labels[name] = next(iter(found.values()))
+        keyed = json.loads(_read(os.path.join(dirs[0], "trained.json"))).get("keyed", {})
+        groups.setdefault(tuple(k for k in ("start", "teacher") if k in keyed), []).append(name)
+        options[name] = row_names.training_options(row_names.stored_config(os.path.join(dirs[0], "averaged.pt")))
+    named = {}
+    for members in groups.values():
+        named.update(zip(members, row_names.row_names([labels[m] for m in members], [options[m] for m in members])))
+    out: "OrderedDict[str, List[str]]" = OrderedDict()
+    names = {}
+    for name, dirs in rows.items():
+        label = named[name]
         if label in out:
             raise ReportError(f"rows {names[label]} and {name} trained the same model, {label!r}")
         names[label] = name
@@ -112,9 +133,10 @@ def _study_rows(args):
 
 
 def cmd_length(args):
+    # every generation read first: a file that would lose sentences is refused before anything else
+    generations = {d: _generation(os.path.join(d, "test.detok.txt")) for d in args.models}
     study, rows, names = _study_rows(args)
-    runs = {label: [parse_generate_output(_read(os.path.join(d, "test.detok.txt"))) for d in dirs]
-            for label, dirs in rows.items()}
+    runs = {label: [generations[d] for d in dirs] for label, dirs in rows.items()}
     texts = [_read(os.path.join(d, "test.log")) for dirs in rows.values() for d in dirs]
     limits = {limit for limit in map(study_report.read_decoding_limit, texts) if limit is not None}
     longest = max(len(s.split()) for gens in runs.values() for g in gens for s in g.sources) + 1
@@ -248,7 +270,7 @@ def cmd_demo(args):
     for label, dirs in rows.items():
         gens, seconds, biases, params = [], [], [], None
         for d in dirs:
-            gens.append(parse_generate_output(_read(os.path.join(d, "test.txt"))))
+            gens.append(_generation(os.path.join(d, "test.txt")))
             seconds.append(json.loads(_read(os.path.join(d, "trained.json")))["train_seconds"])
             averaged = os.path.join(d, "averaged.pt")
             params = parameters(averaged)

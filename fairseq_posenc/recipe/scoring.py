@@ -90,7 +90,7 @@ def append_atomically(path: str, lines: List[str]):
 
 
 def load_generation(path: str):
-    generation = parse_generate_output("\n".join(read_file(path)))
+    generation = parse_generate_output("\n".join(read_file(path)), path)
     if not generation.hypotheses:
         raise ValueError(f"{path} has no H- lines: is it fairseq-generate output?")
     return generation

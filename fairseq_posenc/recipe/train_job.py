@@ -28,6 +28,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -136,6 +137,8 @@ def run(args, command: List[str]) -> dict:
     save_dir, keyed = checkpoint_dir(args, start_dir)
     command = [item.replace("{start}", start_dir).replace("{teacher}", args.teacher or "") for item in command]
     os.makedirs(save_dir, exist_ok=True)
+    if args.link:  # from the start: fairseq's log and the checkpoints are found from the study's directory
+        _link(args.link, save_dir)
     last = os.path.join(save_dir, "checkpoint_last.pt")
     budget = describe(args.max_update, args.max_epoch)
     if not budget:
@@ -153,12 +156,22 @@ def run(args, command: List[str]) -> dict:
     else:
         what = f"resuming from update {done[0]}" if done else "from scratch"
         full = [*shlex.split(args.launcher), *command, "--save-dir", save_dir]
-        print(f"| {save_dir}: training {what} to {budget} (log: {save_dir}/train.log)", flush=True)
+        log_path = os.path.join(args.link or save_dir, "train.log")
+        print(f"| {save_dir}: training {what} to {budget} (fairseq's log: {log_path})", flush=True)
         began = time.time()
+        progress = Progress(_model_name(args.record), args.max_update, args.max_epoch, done, began)
         with open(os.path.join(save_dir, "train.log"), "a", encoding="utf-8") as log:
             log.write(f"\n== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(full)}\n")
             log.flush()
-            code = subprocess.call(full, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       errors="replace", bufsize=1)
+            for line in process.stdout:
+                log.write(line)
+                log.flush()
+                report = progress.read(line)
+                if report:
+                    print(report, flush=True)
+            code = process.wait()
         seconds = time.time() - began
         _add_seconds(save_dir, seconds)
         done = read_progress(last) if os.path.isfile(last) else None
@@ -176,8 +189,6 @@ def run(args, command: List[str]) -> dict:
             raise JobError(f"fairseq-train went past the budget ({budget}) to update {done[0]}")
         if code != 0:
             print(f"| fairseq-train exited {code} after its last save at the budget: finished", flush=True)
-    if args.link:
-        _link(args.link, save_dir)
     record = {"checkpoints": save_dir, "hash": os.path.basename(save_dir), "keyed": keyed,
               "software": json.loads(args.software) if args.software else {},
               "budget": {"max_update": args.max_update, "max_epoch": args.max_epoch},
@@ -189,6 +200,80 @@ def run(args, command: List[str]) -> dict:
     os.replace(tmp, args.record)
     print(f"| {args.record}: update {done[0]}, epoch {done[1]} ({budget})", flush=True)
     return record
+
+
+# fairseq-train's progress lines (--log-format simple): "epoch 003:    120 / 385 loss=..., num_updates=890, ..."
+# during an epoch, "epoch 003 | loss ... | num_updates 1155 | ..." at its end
+_UPDATES = re.compile(r"\bnum_updates[= ](\d+)")
+_IN_EPOCH = re.compile(r"\bepoch (\d+):\s+(\d+) / (\d+)\b")
+_EPOCH_END = re.compile(r"\bepoch (\d+) \| ")
+
+
+class Progress:
+    """The job's progress lines from fairseq-train's log lines: the update, the budget, the share
+    of it done and the time left at this run's pace since its first log line (at that line, since
+    the run's start: fairseq's import and data loading included). One line an update (fairseq
+    gives an epoch's end twice, train and valid)."""
+
+    def __init__(self, name: str, max_update: Optional[int], max_epoch: Optional[int],
+                 done: Optional[Tuple[int, int]], began: float):
+        self.name, self.max_update, self.max_epoch = name, max_update, max_epoch
+        self.began = began
+        self.origin = (began, self._fraction(done[0], done[1], 0, 1) if done else 0.0)
+        self.first: Optional[Tuple[float, float]] = None
+        self.epoch = (done[1] + 1, 0, 1) if done else (1, 0, 1)
+        self.last_update = -1
+
+    def _fraction(self, updates: int, epochs_done: int, step: int, steps: int) -> float:
+        """The share of the budget done, by whichever of its limits is nearer."""
+        shares = []
+        if self.max_update:
+            shares.append(updates / self.max_update)
+        if self.max_epoch:
+            shares.append((epochs_done + step / max(steps, 1)) / self.max_epoch)
+        return min(1.0, max(shares)) if shares else 0.0
+
+    def read(self, line: str, now: Optional[float] = None) -> str:
+        """A progress line for one of fairseq-train's lines that gives the update, else ''."""
+        in_epoch = _IN_EPOCH.search(line)
+        if in_epoch:
+            self.epoch = tuple(int(g) for g in in_epoch.groups())
+        else:
+            end = _EPOCH_END.search(line)
+            if end:
+                self.epoch = (int(end.group(1)), 1, 1)
+        updates = _UPDATES.search(line)
+        if not updates:
+            return ""
+        updates = int(updates.group(1))
+        if updates == self.last_update:
+            return ""
+        self.last_update = updates
+        epoch, step, steps = self.epoch
+        done = self._fraction(updates, epoch - 1, step, steps)
+        now = time.time() if now is None else now
+        since, then = self.first or self.origin
+        if self.first is None:
+            self.first = (now, done)
+        budget = " or ".join(x for x in (self.max_update and f"{updates}/{self.max_update} updates",
+                                         self.max_epoch and f"epoch {epoch}/{self.max_epoch}") if x)
+        left = "left: unknown yet"
+        if done > then and now > since:
+            left = f"about {_duration((1 - done) * (now - since) / (done - then))} left"
+        return f"| {self.name}: {budget} ({100 * done:.0f}%), {_duration(now - self.began)} in this run, {left}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def _model_name(record: str) -> str:
+    """NAME/seedS of OUT/models/NAME/seedS/trained.json, what the progress lines are prefixed with."""
+    seed_dir = os.path.dirname(os.path.abspath(record))
+    return f"{os.path.basename(os.path.dirname(seed_dir))}/{os.path.basename(seed_dir)}"
 
 
 def _seconds(save_dir: str) -> float:

@@ -4,8 +4,9 @@ the workflow is parsed, before any job runs.
 
 - rows: ``ENC`` or ``ENC:--flag=value[,--flag=value...]`` (the demo's row specs), refused here when
   ENC is not in the position-encoding registry (``snakemake -n`` refuses ``t6``), when a flag would
-  change nothing, or when two rows would train the same model (their models are built, tiny, as
-  fairseq-train builds them, and labelled by fairseq_posenc/labels.py);
+  change nothing (their models are built, tiny, as fairseq-train builds them, and labelled by
+  fairseq_posenc/labels.py), or when two rows would train the same model (one resolved fairseq
+  configuration: rows may differ in any fairseq-train flag);
 - models: a row's model per seed; FLOATER's protocol (the encodings of :data:`WARM_STARTED` start
   from a sinusoidal model: its own ``vanilla`` stage, shared by every warm-started row of a seed, or
   a row of the study) with its control, ``vanilla_continued``; distilled students;
@@ -366,6 +367,7 @@ class Study:
         from .settings import check
 
         check(self, given)
+        self._resolved: Dict[str, tuple] = {}
         self._check_rows(preflight)
         self.models = self._models()
 
@@ -390,17 +392,40 @@ class Study:
         if not preflight:
             return
         size = self.arch if self.arch in _sizes() else "tiny"
-        seen = {}
         for row in self.rows:
             try:
                 row.label = preflight_label(row.encoding, self._model_flags(row.encoding) + row.flags, size,
                                             warm_start=bool(self.warm.get("enabled")))
             except (ValueError, SystemExit) as e:
                 raise ConfigError(f"models.encodings {row.spec}: {e}") from None
-            if row.label in seen:
-                raise ConfigError(f"models.encodings {seen[row.label].spec} and {row.spec} are the same model, "
-                                  f"{row.label!r}")
-            seen[row.label] = row
+
+    def check_same_rows(self):
+        """Two rows are one model where fairseq resolves their commands to one configuration
+        (train_config.identity) from one start: refused, the report would show one model twice.
+        Rows that differ in any other flag (``--encoder-layers``, ``--dropout``) are two models.
+        Called where the rows are trained (recipes/rules/train.smk, scripts/demo.py): it resolves
+        each row's command, seconds a study."""
+        seen = {}
+        for row in self.rows:
+            model = self.model(row.slug, self.seeds[0])
+            key = (self.resolved(model)[1], model.start, model.teacher, model.encoding)
+            if key in seen:
+                raise ConfigError(f"models.encodings {seen[key].spec} and {row.spec} are the same model, "
+                                  f"{row.label!r}: fairseq resolves them to one configuration")
+            seen[key] = row
+
+    def resolved(self, model: "Model"):
+        """(fairseq's resolved configuration of the model's command, its identity), once a model,
+        cached on disk under :func:`config_cache`."""
+        from . import train_config
+
+        if model.key not in self._resolved:
+            try:
+                config = train_config.resolve(self.command(model), cache=config_cache())
+            except ValueError as error:
+                raise ConfigError(f"{model.key}: {error}") from None
+            self._resolved[model.key] = (config, train_config.identity(config))
+        return self._resolved[model.key]
 
     def row(self, slug: str) -> Row:
         return next(r for r in self.rows if r.slug == slug)

@@ -13,6 +13,8 @@ rule average:
         scripts=scripts(f"{SCRIPTS}/average_checkpoints.py"),
     output:
         MODEL_DIR + "/averaged.pt",
+    log:
+        MODEL_DIR + "/average.log",
     params:
         number=_average_count,
         kind=STUDY.evaluate["checkpoints"],
@@ -20,8 +22,8 @@ rule average:
         seed=r"\d+",
     shell:
         "{PY} {SCRIPTS}/average_checkpoints.py --inputs $(dirname {input.record})/checkpoints "
-        "--num-{params.kind}-checkpoints {params.number} --output {output} > {output}.log 2>&1 "
-        "|| {{ tail -20 {output}.log >&2; exit 1; }}"
+        "--num-{params.kind}-checkpoints {params.number} --output {output} > {log} 2>&1 "
+        "|| {{ tail -20 {log} >&2; exit 1; }}"
 
 
 rule label:
@@ -32,12 +34,14 @@ rule label:
         scripts=scripts(os.path.join(REPO, "fairseq_posenc", "labels.py")),
     output:
         MODEL_DIR + "/label.txt",
+    log:
+        MODEL_DIR + "/label.log",
     params:
         role=lambda w: {"control": wf.CONTROL, "distilled": "distilled"}.get(_model(w).kind, ""),
     wildcard_constraints:
         seed=r"\d+",
     shell:
-        "label=$({PY} -m fairseq_posenc.labels {input.checkpoint}) && "
+        "label=$({PY} -m fairseq_posenc.labels {input.checkpoint} 2> {log}) || {{ cat {log} >&2; exit 1; }}; "
         "case '{params.role}' in "
         "  '') echo \"$label\" ;; "
         "  {wf.CONTROL}) [ \"$label\" = sinusoidal ] || {{ echo \"control: $label, not sinusoidal\" >&2; exit 1; }}; "
@@ -79,6 +83,8 @@ rule detok:
         scripts=scripts(f"{RECIPE_PY}/scoring.py"),
     output:
         MODEL_DIR + "/test.detok.txt",
+    log:
+        MODEL_DIR + "/detok.log",
     params:
         bpe=wf.segmentation(STUDY),
         lang=STUDY.tgt,
@@ -86,7 +92,7 @@ rule detok:
         seed=r"\d+",
     shell:
         "{PY} {RECIPE_PY}/scoring.py detok-generation --generation {input.generation} --lang {params.lang} --bpe {params.bpe} "
-        "--out {output}"
+        "--out {output} > {log} 2>&1 || {{ tail -20 {log} >&2; exit 1; }}"
 
 
 rule score:
@@ -100,6 +106,8 @@ rule score:
     output:
         lines=MODEL_DIR + "/score.txt",
         json=MODEL_DIR + "/score.json",
+    log:
+        MODEL_DIR + "/score.log",
     params:
         ref="" if STUDY.split else "--ref " + os.path.join(STUDY.data, f"test.raw.{STUDY.tgt}"),
         bpe=wf.segmentation(STUDY),
@@ -113,4 +121,4 @@ rule score:
     shell:
         "{PY} {RECIPE_PY}/scoring.py score --generation {input.generation} --lang {params.lang} {params.ref} "
         "--bpe {params.bpe} {params.lowercase} --label \"enc=$(cat {input.label}) {params.what}\" "
-        "--results {output.lines} --json {output.json}"
+        "--results {output.lines} --json {output.json} 2>&1 | tee {log}"

@@ -20,8 +20,10 @@ if CORPUS.style == "toy":
             directory(DATA + "/data-bin"),
         params:
             toy=json.dumps(STUDY.config["corpus"]["toy"], sort_keys=True),
+        log:
+            DATA + "/logs/toy_corpus.log",
         shell:
-            "{PY} {RECIPE_PY}/toy_corpus.py --settings {params.toy:q} --out {DATA}"
+            "{PY} {RECIPE_PY}/toy_corpus.py --settings {params.toy:q} --out {DATA} 2>&1 | tee {log}"
 
 else:
 
@@ -44,8 +46,10 @@ else:
         wildcard_constraints:
             archive="|".join(re.escape(name) for name in CORPUS.archive_names()),
         retries: 1
+        log:
+            DATA + "/logs/download/{archive}.log",
         shell:
-            "{PY} {RECIPE_PY}/wmt_data.py {DOWNLOAD} --only {wildcards.archive:q}"
+            "{PY} {RECIPE_PY}/wmt_data.py {DOWNLOAD} --only {wildcards.archive:q} 2>&1 | tee {log}"
 
     rule extract:
         # the archives checked (their published checksums; IWSLT's recorded at its first use), then
@@ -59,8 +63,10 @@ else:
              if split != "valid" or CORPUS.has_valid],
         params:
             command=CORPUS.extract_command(),
+        log:
+            DATA + "/logs/extract.log",
         shell:
-            "{PY} {RECIPE_PY}/wmt_data.py {VERIFY} && {PY} {RECIPE_PY}/wmt_data.py {params.command:q}"
+            "({PY} {RECIPE_PY}/wmt_data.py {VERIFY} && {PY} {RECIPE_PY}/wmt_data.py {params.command:q}) 2>&1 | tee {log}"
 
     rule tokenize:
         input:
@@ -72,8 +78,11 @@ else:
         params:
             settings=CORPUS.tokenize_settings(),
         threads: CORPUS.workers
+        log:
+            DATA + "/logs/tokenize.log",
         shell:
-            "{PY} {RECIPE_PY}/prepare.py tokenize --data {DATA} --settings {params.settings:q} --workers {threads}"
+            "{PY} {RECIPE_PY}/prepare.py tokenize --data {DATA} --settings {params.settings:q} --workers {threads} "
+            "2>&1 | tee {log}"
 
     rule segment:
         input:
@@ -87,8 +96,11 @@ else:
         params:
             settings=CORPUS.segment_settings(),
         threads: CORPUS.workers
+        log:
+            DATA + "/logs/segment.log",
         shell:
-            "{PY} {RECIPE_PY}/prepare.py segment --data {DATA} --settings {params.settings:q} --workers {threads}"
+            "{PY} {RECIPE_PY}/prepare.py segment --data {DATA} --settings {params.settings:q} --workers {threads} "
+            "2>&1 | tee {log}"
 
     rule binarize:
         input:
@@ -99,8 +111,11 @@ else:
         params:
             settings=CORPUS.binarize_settings(),
         threads: CORPUS.workers
+        log:
+            DATA + "/logs/binarize.log",
         shell:
-            "{PY} {RECIPE_PY}/prepare.py binarize --data {DATA} --settings {params.settings:q} --workers {threads}"
+            "{PY} {RECIPE_PY}/prepare.py binarize --data {DATA} --settings {params.settings:q} --workers {threads} "
+            "2>&1 | tee {log}"
 
 
 if STUDY.split:
@@ -117,6 +132,8 @@ if STUDY.split:
             settings=json.dumps(STUDY.split, sort_keys=True),
             corpus=CORPUS.settings_json(),
         threads: CORPUS.workers
+        log:
+            OUT + "/logs/length_split.log",
         shell:
             "{PY} {RECIPE_PY}/prepare.py length-split --data {DATA} --out {OUT}/split --settings {params.settings:q} "
-            "--corpus {params.corpus:q} --workers {threads}"
+            "--corpus {params.corpus:q} --workers {threads} 2>&1 | tee {log}"

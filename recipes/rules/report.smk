@@ -28,26 +28,32 @@ rule results:
         [d + "/score.txt" for d in EVALUATED],
         scripts=scripts(f"{RECIPE_PY}/report.py"),
     output:
-        OUT + "/results.txt",
+        report(OUT + "/results.txt", category="scores"),
+    log:
+        OUT + "/logs/results.log",
     params:
         models=EVALUATED,
     shell:
-        "{PY} {RECIPE_PY}/report.py results --models {params.models} --out {output}"
+        "{PY} {RECIPE_PY}/report.py results --models {params.models} --out {output} 2>&1 | tee {log}"
 
 
 rule length_report:
     input:
         study=STUDY_JSON,
-        files=[d + f for d in EVALUATED for f in ("/test.detok.txt", "/label.txt", "/test.log")],
+        files=[d + f for d in EVALUATED for f in ("/test.detok.txt", "/label.txt", "/test.log", "/averaged.pt",
+                                                  "/trained.json")],
         scripts=scripts(f"{RECIPE_PY}/report.py"),
     output:
-        OUT + "/bleu_by_length.md",
+        report(OUT + "/bleu_by_length.md", category="BLEU by source length"),
         OUT + "/bleu_by_length.json",
-        OUT + "/bleu_by_length.png",
+        report(OUT + "/bleu_by_length.png", category="BLEU by source length"),
+    log:
+        OUT + "/logs/length_report.log",
     params:
         models=EVALUATED,
     shell:
-        "{PY} {RECIPE_PY}/report.py length --study {input.study} --models {params.models} --out {OUT}/bleu_by_length"
+        "{PY} {RECIPE_PY}/report.py length --study {input.study} --models {params.models} --out {OUT}/bleu_by_length "
+        "2>&1 | tee {log}"
 
 
 rule demo_report:
@@ -56,9 +62,12 @@ rule demo_report:
         files=[d + f for d in EVALUATED for f in ("/test.txt", "/label.txt", "/averaged.pt", "/trained.json")],
         scripts=scripts(f"{RECIPE_PY}/report.py"),
     output:
-        OUT + "/results.md",
+        report(OUT + "/results.md", category="results"),
         OUT + "/results.json",
+        report(OUT + "/bleu_by_length.png", category="results"),
+    log:
+        OUT + "/logs/demo_report.log",
     params:
         models=EVALUATED,
     shell:
-        "{PY} {RECIPE_PY}/report.py demo --study {input.study} --models {params.models} --out {OUT}"
+        "{PY} {RECIPE_PY}/report.py demo --study {input.study} --models {params.models} --out {OUT} 2>&1 | tee {log}"

@@ -9,13 +9,10 @@ _RESOLVED = {}
 
 def resolved(model):
     """(fairseq's resolved configuration of the model's command, its hash)."""
-    if model.key not in _RESOLVED:
-        try:
-            config = train_config.resolve(STUDY.command(model), cache=wf.config_cache())
-        except ValueError as error:
-            raise WorkflowError(f"configuration refused: {model.key}: {error}") from None
-        _RESOLVED[model.key] = (config, train_config.identity(config))
-    return _RESOLVED[model.key]
+    try:
+        return STUDY.resolved(model)
+    except wf.ConfigError as error:
+        raise WorkflowError(f"configuration refused: {error}") from None
 
 
 def _model(wildcards):
@@ -68,9 +65,13 @@ NODES = int(STUDY.train["nodes"])
 GPU = STUDY.train["device"] == "gpu"
 
 if workflow.is_main_process:
-    # every model's configuration resolved now: a refused argument list fails the dry run, two
-    # models that would train in one directory with two budgets are refused, and the plan is
-    # printed once a model
+    # every model's configuration resolved now: a refused argument list or two rows of one model
+    # fail the dry run, two models that would train in one directory with two budgets are
+    # refused, and the plan is printed once a model
+    try:
+        STUDY.check_same_rows()
+    except wf.ConfigError as error:
+        raise WorkflowError(f"configuration refused: {error}") from None
     plan_module.print_study_plan(STUDY, {m.key: resolved(m) for m in STUDY.models}, _same_as())
 
 
@@ -79,6 +80,11 @@ rule train:
         unpack(_train_inputs),
     output:
         OUT + "/models/{name}/seed{seed}/trained.json",
+    log:
+        # the job's lines: where it trains, then the update, the budget and the time left at each of
+        # fairseq's log lines (also on the console); fairseq's own log is checkpoints/train.log beside
+        # it, the checkpoint directory linked there from the job's start
+        OUT + "/models/{name}/seed{seed}/train.log",
     params:
         command=lambda w: STUDY.command(_model(w)),
         config_id=lambda w: resolved(_model(w))[1],
@@ -109,4 +115,4 @@ rule train:
         "OMP_NUM_THREADS={threads} {PY} {RECIPE_PY}/train_job.py --record {output} --checkpoints {params.root} "
         "--config-id {params.config_id} --code {params.code} --software {params.software:q} --data {input.data} "
         "{params.start} {params.teacher} {params.budget} {params.launcher} "
-        "--link $(dirname {output})/checkpoints -- fairseq-train {params.command:q}"
+        "--link $(dirname {output})/checkpoints -- fairseq-train {params.command:q} 2>&1 | tee {log}"
