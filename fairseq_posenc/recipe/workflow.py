@@ -677,12 +677,16 @@ class Study:
 
         corpus = self.config["corpus"]
         path = corpus["train"]["tgt"]
+        # with a split in words, the pairs it trains on: sources under train_below (before tokenization)
+        below = self.split["train_below"] if self.split and self.split["unit"] == "words" else None
         lines = words = 0
-        with open(path, "rb") as f:
-            for line in f:
-                lines += 1
-                words += len(line.split())
+        with open(path, "rb") as f, open(corpus["train"]["src"], "rb") as g:
+            for line, source in zip(f, g):
+                if below is None or len(source.split()) < below:
+                    lines += 1
+                    words += len(line.split())
         pairs = lines - (lines // self.facts["valid_every"] if corpus.get("valid") in (None, "split") else 0)
+        path += f" (sources under {below} words)" if below else ""
         bpe = corpus.get("bpe_size") or self.facts["bpe_size"]
         return CorpusEstimate(pairs, words / max(lines, 1) + 1, bpe,
                               f"counted in {path}: {lines:,} lines, {words:,} target words", counted=True)

@@ -27,7 +27,7 @@ rule study_config:
     output:
         OUT + "/study{suffix}.json",
     wildcard_constraints:
-        suffix="|".join(re.escape(s) for s in SUFFIXES),
+        suffix="(?:" + "|".join(re.escape(s) for s in SUFFIXES) + ")",
     params:
         config=lambda w: json.dumps(STUDY.config if not w.suffix else {
             **STUDY.config, "report": {**STUDY.config["report"], "title": (STUDY.config["report"].get("title") or OUT)
@@ -59,7 +59,7 @@ rule length_report:
         OUT + "/bleu_by_length{suffix}.json",
         OUT + "/bleu_by_length{suffix}.png",
     wildcard_constraints:
-        suffix="|".join(re.escape(s) for s in SUFFIXES),
+        suffix="(?:" + "|".join(re.escape(s) for s in SUFFIXES) + ")",
     params:
         models=lambda w: test_dirs(w.suffix),
     shell:
