@@ -82,7 +82,11 @@ def test_a_study_of_plain_files_with_a_split_and_two_named_test_sets_runs_to_its
     study = work / "study"
     results = lines(study / "results.txt")
     assert len(results) == 12  # 2 models x 3 test sets x (SacreBLEU, tokenized BLEU)
-    long_pairs = len(train) - len(short)
+    # the split's test set: the training pairs of 12 words or more (less the validation's)
+    split = json.load(open(study / "split" / "text" / "split.json"))
+    bins = [part["sentences"] for part in split["parts"] if part["name"] != "train"]
+    long_pairs = sum(bins)
+    assert len(bins) == 2 and min(bins) > 0 and long_pairs == sum(len(s.split()) >= 12 for s in lines(data / "train.tok.de"))
     for name, count in (("split-long-pairs(source>=12-words)", long_pairs), ("news", len(news)),
                         ("talks", len(talks))):
         mine = [line for line in results if f" arch=tiny {name} beam=1 " in line]
@@ -99,8 +103,10 @@ def test_a_study_of_plain_files_with_a_split_and_two_named_test_sets_runs_to_its
         assert list(report["models"]) == ["sinusoidal", "alibi"]
         assert sum(b["sentences"] for b in report["bins"]) == len(refs)
         assert f"test set {name}" in open(study / f"bleu_by_length.{name}.md").read()
+    # every long pair in the split's report, binned by files.yaml's report.bins
     report = json.load(open(study / "bleu_by_length.json"))
     assert sum(b["sentences"] for b in report["bins"]) == long_pairs
+    assert {b["bin"] for b in report["bins"]} <= {"[1,10)", "[10,20)", "[20,30)", "[30,40)", "[40,inf)"}
 
     # an edit of the split's script: the split and what follows it, nothing of the corpus before it
     edit(os.path.join(root, "scripts", "length_split.py"))

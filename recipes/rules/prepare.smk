@@ -10,7 +10,10 @@ import shlex
 from fairseq_posenc.recipe.corpus import Corpus
 
 DATA = STUDY.data
-CORPUS = Corpus.of(STUDY)
+try:
+    CORPUS = Corpus.of(STUDY)
+except wf.ConfigError as error:
+    raise WorkflowError(f"configuration refused: {error}") from None
 
 if CORPUS.style == "toy":
 
