@@ -415,6 +415,8 @@ SHIPPED = {
     "floater_table2_big_2x8": ["wmt14_en_de", "floater_table2", "big_2x8"],
     "floater_table6": ["wmt14_en_de", "floater_table6"],
     "distillation": ["wmt14_en_de", "distillation"],
+    "iwslt14_cpu": ["iwslt14_de_en", "iwslt14_cpu"],
+    "files": ["files"],  # with a study file naming toy files (the test writes them)
 }
 
 
@@ -425,9 +427,18 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     procs = {}
     for name, files in SHIPPED.items():
         os.makedirs(tmp_path / name)
+        studies = [os.path.join(conf, f + ".yaml") for f in files[1:]]
+        if name == "files":
+            from toy_archives import write_plain_pairs
+
+            for part, count in (("train", 300), ("test", 20)):
+                write_plain_pairs(str(tmp_path / name / part), count, "de", "en")
+            with open(tmp_path / name / "mine.yaml", "w") as f:
+                yaml.safe_dump({"corpus": {"pair": "de-en", "train": {"src": "train.de", "tgt": "train.en"},
+                                           "test": {"mine": {"src": "test.de", "tgt": "test.en"}}}}, f)
+            studies.append("mine.yaml")
         procs[name] = subprocess.Popen(
-            ["bash", os.path.join(REPO, "recipes", "run.sh"), files[0],
-             *[os.path.join(conf, f + ".yaml") for f in files[1:]], "-n", "--cores", "1"],
+            ["bash", os.path.join(REPO, "recipes", "run.sh"), files[0], *studies, "-n", "--cores", "1"],
             cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             # a machine of two GPUs (a stand-in nvidia-smi)
             env={**{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
@@ -457,8 +468,19 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     # published size (at Vaswani et al.'s speed, IWSLT's file's 25000 tokens a second)
     for name, out in outs.items():
         total = re.search(r"^\| plan total: .*$", out, re.M).group(0)
-        assert (name == "demo") != bool(re.search(r"of checkpoints, [\d.]+ GPU-hours \(estimated before the corpus "
-                                                   r"is prepared\)$", total)), total
+        assert (name in ("demo", "iwslt14_cpu")) != bool(re.search(
+            r"of checkpoints, [\d.]+ GPU-hours \(estimated before the corpus is prepared\)$", total)), total
+    # on a CPU, the hours of each model on it at the speed measured (recipes/conf/iwslt14_cpu.yaml), an afternoon
+    cpu = yaml.safe_load(open(os.path.join(conf, "iwslt14_cpu.yaml")))
+    times = re.findall(r"^\|   time: ([\d.]+) h on the CPU at ([\d,]+) target tokens a second", outs["iwslt14_cpu"], re.M)
+    assert len(times) == len(cpu["models"]["encodings"]) == int(stats["iwslt14_cpu"]["train"])
+    assert all(float(rate.replace(",", "")) == cpu["train"]["tokens_per_second"] for _, rate in times)
+    total = float(re.search(r", ([\d.]+) h on the CPU, one model after another", outs["iwslt14_cpu"]).group(1))
+    assert 2 <= total <= 6 and abs(total - sum(float(t) for t, _ in times)) <= 0.05 * len(times)
+    assert "GPU" not in re.search(r"^\| plan total: .*$", outs["iwslt14_cpu"], re.M).group(0)
+    # a files corpus: its training pairs counted in the files (300 lines, less every 100th to validate)
+    assert "(297 training pairs (counted in train.en: 300 lines, " in outs["files"]
+    assert stats["files"]["gather"] == "1" and stats["files"]["decode"] == "3"
     # run here, at most two GPUs' jobs at once: a training or a decode holds one (the demo's none)
     assert all("--resources=gpus=2 -n" in out for out in outs.values())
     held = re.findall(r"^\s*resources: .*?gpus=(\d+)", outs["iwslt14_de_en"], re.M)

@@ -54,6 +54,10 @@ def test_wmt14_en_de_is_prepared_offline_and_an_edited_sources_file_prepares_it_
     # the archives are there: checked, not downloaded (corpus.download false would refuse to)
     assert "| downloading" not in out and "| dev.tgz already there, not downloading" in out
     assert "| test-full.tgz: checksum not verified (asked not to)" in out and "rule binarize" in out
+    # the disk the preparation takes, checked before the text is extracted
+    assert re.search(r"\| disk: the prepared corpus \(an estimate: 9\.2x the text, itself ~0\.8x the [\d.]+ KB of "
+                     r"archives\) needs about [\d.]+ [KM]B; [\d.]+ [GT]B free on the filesystem of data", out)
+    assert out.index("| disk: the prepared corpus") < out.index("| reading ")
     data = os.path.join(work, "data")
     assert len(lines(f"{data}/raw/train.{src}")) == 360 and len(lines(f"{data}/raw/test.{tgt}")) == 40
     # fairseq's split: pairs 100, 200, 300 validate, the other 357 train
@@ -90,7 +94,16 @@ def test_wmt14_en_de_is_prepared_offline_and_an_edited_sources_file_prepares_it_
     assert re.search(r"rule extract:(.|\n)*?reason: Updated input files: \S*sources", dry)
     ok(snakemake(work, study, "data/data-bin"))
     assert len(lines(f"{data}/raw/train.{src}")) == 240
-    # another BPE size redoes the subwords and the binarized corpus, not the tokens
+    # another study's BPE size on this corpus.data is refused in one line: it would undo this study's corpus
+    other = {**study, "out": "other", "corpus": {**study["corpus"], "bpe_size": 80}}
+    proc = snakemake(work, other, "-n")
+    assert proc.returncode != 0
+    refusal = [line for line in (proc.stdout + proc.stderr).splitlines() if "configuration refused" in line]
+    assert len(refusal) == 1 and refusal[0].endswith(
+        "configuration refused: corpus.data data was prepared by the study study with corpus.bpe_size 60 (here 80): "
+        "preparing it again here would undo that study's corpus; set corpus.data to another directory (or delete "
+        "this one)")
+    # this study's own edit: another BPE size redoes the subwords and the binarized corpus, not the tokens
     study["corpus"]["bpe_size"] = 80
     dry = ok(snakemake(work, study, "data/data-bin", "-n"))
     assert "rule segment:" in dry and "rule binarize:" in dry and "rule tokenize:" not in dry

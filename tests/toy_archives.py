@@ -160,3 +160,14 @@ def write_iwslt_archive(path, seed=1, talks=3, per_talk=40):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return {"text_pairs": text_pairs, "cleaned": text_pairs - 3, "test": [p[1] for p in test_pairs]}
+
+
+def write_plain_pairs(prefix, count, src, tgt, seed=1, lengths=(3, 16)):
+    """PREFIX.SRC and PREFIX.TGT: ``count`` pairs of the toy language pair as plain text, one a
+    line (a corpus of the user's own files)."""
+    rng = random.Random(seed)
+    pairs = _pairs(rng, count, src, tgt, lengths)
+    for side, lang in enumerate((src, tgt)):
+        with open(f"{prefix}.{lang}", "w", encoding="utf-8") as f:
+            f.writelines(pair[side] + "\n" for pair in pairs)
+    return pairs

@@ -5,8 +5,9 @@
   a model's checkpoint directory; train_job.py: one training job (budget, record);
 - sources.py: the files of the checkout a script runs (a rule's inputs, a model's code key);
 - plan.py: the plan of each model before training, disk space;
-- corpus.py: a corpus's preparation commands and settings (the rules' params); prepare.py: its
-  preparation steps; toy_corpus.py: the demo's generated pair; wmt_data.py: the archives
+- corpus.py: a corpus's preparation commands and settings (the rules' params), its test sets;
+  prepare.py: its preparation steps (a files corpus's gathered first); short_to_long.py: the
+  length split of a prepared corpus; toy_corpus.py: the demo's generated pair; wmt_data.py: the archives
   (download, extraction); text.py: tokenize, clean, lowercase, sentencepiece;
 - scoring.py: SacreBLEU and tokenized BLEU; rerank.py: GNMT's length penalty by reranking an
   n-best list; report.py: the studies' reports; schema_doc.py: recipes/README.md's reference.

@@ -1,11 +1,47 @@
 """What the preparation rules of recipes/rules/prepare.smk need when the workflow is parsed: the
-corpus's files (the sources file, the archives) and the settings of each step (its params), which
+corpus's files (the sources file and the archives of a shipped corpus, or the user's own files of
+``corpus.name: files``) and the settings of each step (its params), which
 fairseq_posenc/recipe/prepare.py's subcommands run with."""
+import hashlib
 import json
 import os
-from typing import Dict, List
+from typing import Dict, List, NamedTuple, Optional
 
 from .workflow import ROOT, ConfigError
+
+
+#: the fields of ``corpus`` that only ``name: files`` reads, and those it refuses (a shipped corpus's)
+FILES_ONLY = ("train", "test")
+ARCHIVES_ONLY = ("sources", "archives", "download", "download_timeout", "mirror", "verify_checksums", "toy")
+#: the fields of ``corpus`` that decide what a prepared corpus holds (its directory's name for
+#: ``files``, the record a corpus.data directory keeps of the study that prepared it)
+PREPARATION = ("name", "pair", "sources", "train", "valid", "test", "tokenize", "bpe", "bpe_size")
+
+
+class TestSet(NamedTuple):
+    """A test set of the study: its name (the score lines'), the prefix of its prepared files
+    (DATA/PREFIX.{src,tgt}, DATA/PREFIX.raw.{tgt}), its subset of data-bin (fairseq-preprocess
+    names the testpref's prefixes test, test1, test2 ...) and where its decodes go under OUT
+    (``models``: beside the models; ``tests/NAME`` for the named test sets of a files corpus)."""
+    name: str
+    prefix: str
+    subset: str
+    where: str
+    files: Optional[Dict[str, str]] = None  # {src, tgt} or {sacrebleu}: a files corpus's
+
+
+def named_tests(config: dict) -> List[TestSet]:
+    """The test sets of ``corpus.test`` (files), in their order: the binarized subsets' order."""
+    tests = config.get("test") or {}
+    return [TestSet(name, f"test.{name}", "test" if i == 0 else f"test{i}", f"tests/{name}", dict(files))
+            for i, (name, files) in enumerate(tests.items())]
+
+
+def files_data_dir(config: dict, src: str, tgt: str) -> str:
+    """A files corpus's directory when corpus.data is not set: named by its preparation settings,
+    so that two studies that prepare the same files otherwise never share (nor undo) one."""
+    settings = json.dumps({k: config.get(k) for k in PREPARATION}, sort_keys=True)
+    return os.path.join("data", f"files_{src}_{tgt}_{hashlib.sha1(settings.encode()).hexdigest()[:8]}")
 
 
 class Corpus:
@@ -17,14 +53,82 @@ class Corpus:
         self.langs = (study.src, study.tgt)
         self.data = study.data
         self.workers = int(c["workers"])
+        self.bpe = c["bpe"]
+        self.bpe_size = c.get("bpe_size") or study.facts["bpe_size"]
+        self.tests = named_tests(c) if self.style == "files" else [TestSet("test", "test", "test", "models")]
+        if self.style == "files":
+            self._check_files(c)
+            self.valid = c.get("valid") or "split"
+            self.has_valid = self.valid != "split"
+            return
+        for key in FILES_ONLY:
+            if c.get(key):
+                raise ValueError(f"corpus.{key}: your own files are read with corpus.name files, not {c['name']}")
+        if c.get("tokenize", "moses") != "moses":
+            raise ValueError(f"corpus.tokenize {c['tokenize']}: {c['name']} is tokenized as fairseq's script does; "
+                             "none is for corpus.name files")
         self.sources = c.get("sources") or os.path.join(ROOT, "recipes", c["name"], "sources")
         self.valid = c.get("valid") or study.facts["valid"]
         if self.valid not in ("split", study.facts["valid_name"]):
             raise ValueError(f"corpus.valid {self.valid}: split (every {study.facts['valid_every']}th training "
                              f"pair, as fairseq) or {study.facts['valid_name']}")
         self.has_valid = self.style == "wmt" and self.valid != "split"
-        self.bpe = c["bpe"]
-        self.bpe_size = c.get("bpe_size") or study.facts["bpe_size"]
+
+    def _check_files(self, c):
+        import yaml
+
+        with open(os.path.join(ROOT, "recipes", "conf", "schema.yaml"), encoding="utf-8") as f:
+            fields = yaml.safe_load(f)["properties"]["corpus"]["properties"]
+        def default(field):  # an object's is its properties' (the schema fills them in)
+            if "properties" in field:
+                return {k: default(v) for k, v in field["properties"].items()}
+            return field.get("default")
+
+        for key in ARCHIVES_ONLY:
+            if c.get(key, default(fields[key])) != default(fields[key]):
+                raise ValueError(f"corpus.{key}: a files corpus reads corpus.train, .valid and .test; {key} is for the "
+                                 "shipped corpora's archives")
+        if not c.get("train") or not c.get("test"):
+            raise ValueError("corpus.name files: set corpus.train {src: FILE, tgt: FILE} and corpus.test "
+                             "{NAME: {src: FILE, tgt: FILE}, ...}")
+        valid = c.get("valid")
+        if isinstance(valid, str) and valid != "split":
+            raise ValueError(f"corpus.valid {valid}: split (every {self.study.facts['valid_every']}th training pair) "
+                             "or {src: FILE, tgt: FILE}")
+        pairs = [("train", c["train"])] + ([("valid", valid)] if isinstance(valid, dict) else [])
+        for test in self.tests:
+            if "sacrebleu" in test.files:
+                if set(test.files) != {"sacrebleu"}:
+                    raise ValueError(f"corpus.test.{test.name}: {{sacrebleu: NAME}} or {{src: FILE, tgt: FILE}}, not both")
+            elif set(test.files) != {"src", "tgt"}:
+                raise ValueError(f"corpus.test.{test.name}: set src and tgt (or sacrebleu: NAME)")
+            else:
+                pairs.append((f"test.{test.name}", test.files))
+        for where, pair in pairs:
+            for side in ("src", "tgt"):
+                if not os.path.isfile(pair[side]):
+                    raise ValueError(f"corpus.{where}.{side}: no file {pair[side]} (paths are read from the "
+                                     f"working directory, {os.getcwd()})")
+
+    def own_files(self) -> List[str]:
+        """The user's files a files corpus reads: the gather rule's inputs (an edit prepares again)."""
+        c = self.study.config["corpus"]
+        pairs = [c["train"]] + ([c["valid"]] if self.has_valid else [])
+        pairs += [t.files for t in self.tests if "src" in t.files]
+        return [pair[side] for pair in pairs for side in ("src", "tgt")]
+
+    def gather_settings(self) -> str:
+        """Where gather reads each split of a files corpus (prepare.py gather): DATA/raw's sources."""
+        c = self.study.config["corpus"]
+        splits = {"train": c["train"], **({"valid": c["valid"]} if self.has_valid else {})}
+        splits.update({t.prefix: t.files for t in self.tests})
+        return json.dumps({**self.settings(), "splits": splits}, sort_keys=True)
+
+    def splits(self, valid: Optional[bool] = None) -> List[str]:
+        """The prefixes of the text the steps write: train, valid (where the corpus has its own, or
+        ``valid`` is True), and every test set's."""
+        valid = self.has_valid if valid is None else valid
+        return ["train"] + (["valid"] if valid else []) + [t.prefix for t in self.tests]
 
     @classmethod
     def of(cls, study):
@@ -68,26 +172,63 @@ class Corpus:
         """wmt_data.py fetch of every archive, checked, none downloaded: the extract rule's first step."""
         return ["fetch", *self._common(), *[o for o in self.fetch_options() if o != "--no-download"], "--no-download"]
 
+    def space_command(self) -> List[str]:
+        """plan.py prepare-space of the archives the pair reads: before their text is extracted."""
+        return ["--work", self.data, "--recipe", self.study.corpus_name, "--sources", self.sources,
+                "--archives-dir", self.study.config["corpus"]["archives"], "--src", self.langs[0], "--tgt", self.langs[1]]
+
     def extract_command(self) -> List[str]:
         return ["extract", *self._common(), "--out-dir", os.path.join(self.data, "raw")]
 
     def settings(self) -> Dict:
-        return {"style": self.style, "src": self.langs[0], "tgt": self.langs[1]}
+        out = {"style": self.style, "src": self.langs[0], "tgt": self.langs[1]}
+        if self.style == "files":
+            out["tokenize"] = self.study.config["corpus"]["tokenize"]
+        return out
 
     def settings_json(self) -> str:
         return json.dumps({**self.settings(), "bpe": self.bpe}, sort_keys=True)
 
+    def _tests(self) -> Dict:
+        # the shipped corpora's one test set keeps its settings as they were (nothing to prepare again)
+        return {"tests": [t.prefix for t in self.tests]} if self.style == "files" else {}
+
     def tokenize_settings(self) -> str:
-        return json.dumps({**self.settings(), "splits": ["train", "valid", "test"] if self.has_valid
-                           else ["train", "test"]}, sort_keys=True)
+        return json.dumps({**self.settings(), "splits": self.splits(), **self._tests()}, sort_keys=True)
 
     def segment_settings(self) -> str:
-        return json.dumps({**self.settings(), "bpe": self.bpe, "bpe_size": self.bpe_size, "valid": self.valid,
+        return json.dumps({**self.settings(), "bpe": self.bpe, "bpe_size": self.bpe_size,
+                           "valid": self.valid if isinstance(self.valid, str) else "given",
                            "valid_every": self.study.facts["valid_every"],
-                           "max_len": 175 if self.style == "iwslt" else 250}, sort_keys=True)
+                           "max_len": 175 if self.style == "iwslt" else 250, **self._tests()}, sort_keys=True)
 
     def binarize_settings(self) -> str:
-        return json.dumps({**self.settings(), "joined_dictionary": self.style != "iwslt"}, sort_keys=True)
+        return json.dumps({**self.settings(), "joined_dictionary": self.style != "iwslt", **self._tests()},
+                          sort_keys=True)
+
+    def preparation(self) -> Dict:
+        """What decides the prepared corpus (the record DATA/prepared.json keeps, prepare.py record)."""
+        c = self.study.config["corpus"]
+        return {k: c.get(k) for k in PREPARATION if k != "bpe_size"} | {"pair": "-".join(self.langs),
+                                                                        "bpe_size": self.bpe_size}
+
+    def check_owner(self, out: str):
+        """ValueError (one line) when DATA was prepared by another study (OUT) with other settings:
+        this one would prepare it again in place, under that study's models."""
+        path = os.path.join(self.data, "prepared.json")
+        if not os.path.isfile(path):
+            return
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        ours = json.loads(json.dumps(self.preparation()))
+        if record.get("study") == out or record.get("preparation") == ours:
+            return
+        theirs = record.get("preparation") or {}
+        changed = ", ".join(f"corpus.{k} {json.dumps(theirs.get(k))} (here {json.dumps(ours.get(k))})"
+                            for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k))
+        raise ValueError(f"corpus.data {self.data} was prepared by the study {record.get('study')} with {changed}: "
+                         "preparing it again here would undo that study's corpus; set corpus.data to another "
+                         "directory (or delete this one)")
 
     def bpe_model(self) -> str:
         return os.path.join(self.data, "bpe", "spm.model" if self.bpe == "sentencepiece" else "code")

@@ -3,9 +3,10 @@
 once per distinct model, with the totals (:func:`print_study_plan`): tokens per update, updates per
 epoch, where training stops, the checkpoints averaged, disk and GPU-hours.
 
-    # exit 2 (one line) if a corpus's preparation would not fit on the disk of --work
+    # exit 2 (one line) if a corpus's preparation would not fit on the disk of --work (the extract
+    # and gather rules run it before they write the text)
     python fairseq_posenc/recipe/plan.py prepare-space --work data/x --recipe wmt14_en_de --sources S \\
-        --archives-dir data/archives --src en --tgt de      # or --raw-text data/x/raw once extracted
+        --archives-dir data/archives --src en --tgt de      # or --raw-text data/x/raw (or a files corpus's files)
 
 Tokens per update: every process takes its own batches of --max-tokens and --update-freq of them
 make an update, so one update holds about max_tokens x world x update_freq tokens. With both auto
@@ -253,11 +254,13 @@ def check_space(path: str, needed: float, held: int, what: str, allow: bool) -> 
     return line
 
 
-def prepare_space(work: str, recipe: str, archives: List[str] = (), raw_text: str = "", allow: bool = False) -> str:
-    """The disk a prepared corpus takes, from the extracted text once it is there (``raw_text``),
-    else estimated from the archives' size."""
+def prepare_space(work: str, recipe: str, archives: List[str] = (), raw_text=(), allow: bool = False) -> str:
+    """The disk a prepared corpus takes, from the extracted text once it is there (``raw_text``:
+    its directory or files), else estimated from the archives' size."""
+    if isinstance(raw_text, str):
+        raw_text = [raw_text] if raw_text else []
     if raw_text:
-        raw = bytes_under(raw_text)
+        raw = sum(bytes_under(path) for path in raw_text)
         basis = f"{PREPARED_PER_RAW}x the {human_bytes(raw)} of extracted text"
     else:
         ratio = next((r for name, r in RAW_PER_ARCHIVE.items() if recipe.startswith(name)), 2.0)  # wmt18_cs_en
@@ -289,7 +292,8 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--archives-dir", help="where the archives are")
     p.add_argument("--src", default="", help="source language")
     p.add_argument("--tgt", default="", help="target language")
-    p.add_argument("--raw-text", default="", help="the extracted text (WORK/raw): measured instead of estimated")
+    p.add_argument("--raw-text", nargs="+", default=[], help="the extracted text (WORK/raw) or a files corpus's "
+                   "files: measured instead of estimated")
     p.add_argument("--allow-low-disk", action="store_true", help="only say it when the space is short")
     args = parser.parse_args(argv)
     try:
@@ -317,18 +321,24 @@ class CorpusEstimate:
     target_tokens_per_pair: float
     vocab: int  # embedding rows: the joint dictionary, or both of two
     source: str  # where the pair count comes from
+    counted: bool = False  # counted in the corpus's own files (pairs and words), not published
 
     def describe(self) -> str:
+        if self.counted:
+            return (f"{self.pairs:,} training pairs ({self.source}) of {self.target_tokens_per_pair:.1f} target "
+                    f"tokens, a word a subword (BPE adds some), {self.vocab:,} embedding rows; exact once the corpus "
+                    "is prepared")
         return (f"an estimate: {self.pairs:,} pairs ({self.source}) of ~{self.target_tokens_per_pair:g} target "
                 f"subwords, {self.vocab:,} embedding rows; exact once the corpus is prepared")
 
 
 def model_plan(data_bin: str, config: Dict, average: int, epoch_checkpoints: bool,
                tokens_per_second: Optional[float], keeps_three: bool = False,
-               estimate: Optional[CorpusEstimate] = None) -> Dict:
+               estimate: Optional[CorpusEstimate] = None, cpu: bool = False) -> Dict:
     """What one model's training takes, from its resolved fairseq configuration: tokens per
     update, updates per epoch (fairseq's own batches of the binarized training set, where it is
-    prepared; else ``estimate``), where it stops, the checkpoints averaged, disk and GPU-hours."""
+    prepared; else ``estimate``), where it stops, the checkpoints averaged, disk and GPU-hours
+    (``cpu``: hours on the CPU, ``tokens_per_second`` being the CPU's)."""
     max_tokens = int(config.get("dataset.max_tokens") or 0)
     update_freq = int((config.get("optimization.update_freq") or [1])[0])
     world = int(config.get("distributed_training.distributed_world_size") or 1)
@@ -382,7 +392,15 @@ def model_plan(data_bin: str, config: Dict, average: int, epoch_checkpoints: boo
     out["disk"] = kept * size
     lines.append(f"disk: about {human_bytes(kept * size)} ({human_bytes(size)} a checkpoint with Adam's state)"
                  + (" (estimated)" if guess else ""))
-    if tokens_per_second:
+    if cpu:
+        if tokens_per_second:
+            out["cpu_hours"] = end * target_per_update / tokens_per_second / 3600
+            lines.append(f"time: {out['cpu_hours']:.1f} h on the CPU at {tokens_per_second:,.0f} target tokens a second "
+                         "(train.tokens_per_second: fairseq's wps in train.log on your CPU)"
+                         + (" (estimated)" if guess else ""))
+        else:
+            lines.append("time on the CPU: unknown; set train.tokens_per_second from fairseq's wps (train.log)")
+    elif tokens_per_second:
         # tokens_per_second is a GPU's: the updates' target tokens over it are GPU-seconds, shared by the world
         gpu_hours = end * target_per_update / tokens_per_second / 3600
         out["gpu_hours"] = gpu_hours
@@ -403,7 +421,8 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
     key -> the earlier model it is (recipes/rules/train.smk's ``_same_as``: one checkpoint
     directory, trained once), planned with that one."""
     stream = stream or sys.stderr
-    totals = {"updates": 0, "disk": 0, "gpu_hours": 0.0}
+    totals = {"updates": 0, "disk": 0, "gpu_hours": 0.0, "cpu_hours": 0.0}
+    cpu = study.train["device"] == "cpu"
     unknown = []
     estimate = study.corpus_estimate()
     for model in study.models:
@@ -414,14 +433,15 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
             continue
         try:
             plan = model_plan(study.data_bin(), config, study.average(model), study.evaluate["checkpoints"] == "epoch",
-                              study.tokens_per_second(model), keeps_three=model.kind == "vanilla", estimate=estimate)
+                              study.tokens_per_second(model), keeps_three=model.kind == "vanilla", estimate=estimate,
+                              cpu=cpu)
         except PlanError as e:
             raise PlanError(f"{model.key}: {e}") from None
         print(f"| plan {model.key} (configuration {config_id}):", file=stream)
         for line in plan["lines"] + changes_since_trained(study, model, config, config_id):
             print(f"|   {line}", file=stream)
         for name in totals:
-            totals[name] += plan[name] or 0
+            totals[name] += plan.get(name) or 0
         if plan["updates"] is None:
             unknown.append(model.key)
     line = f"| plan total: {len(study.models) - len(same)} model(s) to train"
@@ -430,7 +450,9 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
         line += f", about {human_bytes(totals['disk'])} of checkpoints"
     if totals["gpu_hours"]:
         line += f", {totals['gpu_hours']:.1f} GPU-hours"
-    if estimate and not glob_train(study.data_bin()) and (totals["disk"] or totals["gpu_hours"]):
+    if totals["cpu_hours"]:
+        line += f", {totals['cpu_hours']:.1f} h on the CPU, one model after another"
+    if estimate and not glob_train(study.data_bin()) and (totals["disk"] or totals["gpu_hours"] or totals["cpu_hours"]):
         line += " (estimated before the corpus is prepared)"
     print(line, file=stream)
     from .workflow import local_gpus

@@ -2,16 +2,21 @@
 """Preparing a corpus as fairseq's examples/translation/prepare-*.sh make it, one step per rule of
 recipes/rules/prepare.smk, each step's settings a JSON object (the rule's params):
 
+    python fairseq_posenc/recipe/prepare.py gather   --data data/files_de_en --settings JSON
     python fairseq_posenc/recipe/prepare.py tokenize --data data/wmt14_en_de --settings JSON
     python fairseq_posenc/recipe/prepare.py segment  --data data/wmt14_en_de --settings JSON
     python fairseq_posenc/recipe/prepare.py binarize --data data/wmt14_en_de --settings JSON
-    python fairseq_posenc/recipe/prepare.py length-split --data DATA --out DIR --settings JSON --corpus JSON
 
 WMT (prepare-wmt14en2*.sh): Moses' punctuation normalisation, non-printing characters to spaces
 and the tokenizer with -a on training and validation text (the test set only has its curly
 apostrophes straightened, so that tokenized BLEU's references are fairseq's); every Nth training
 pair validates (``valid: split``) or the official set does; joint BPE learned on the training
 part; training pairs cleaned to 1-250 BPE tokens with ratio 1.5; the test set kept whole.
+
+Your own files (``corpus.name: files``): ``gather`` copies them (and reads a sacrebleu test set
+by name from sacrebleu's cache, downloading it there if missing) into DATA/raw/, then the WMT
+steps run on them, with every test set prepared apart (DATA/test.NAME.*, binarized as fairseq's
+test, test1, ... subsets); ``tokenize: none`` keeps text that is already tokenized as it is.
 
 IWSLT'14 (prepare-iwslt14.sh): the tokenizer without -a nor normalisation, training pairs cleaned
 to 1-175 tokens with ratio 1.5 before lowercasing, every 23rd pair validates, 10k BPE merges
@@ -21,7 +26,6 @@ Besides DATA/{train,valid,test}.{src,tgt} (segmented) a step leaves DATA/train.t
 pairs before BPE, for counting words) and DATA/test.raw.* (the references SacreBLEU scores against).
 """
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -71,15 +75,48 @@ def _lines(path: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
+def _sacrebleu_pair(name: str, src: str, tgt: str):
+    """(source file, first reference file) of sacrebleu's test set ``name`` for SRC-TGT, from
+    sacrebleu's cache ($SACREBLEU, else ~/.sacrebleu), which sacrebleu downloads to if missing."""
+    import sacrebleu.utils
+
+    try:
+        return sacrebleu.utils.get_source_file(name, f"{src}-{tgt}"), \
+            sacrebleu.utils.get_reference_files(name, f"{src}-{tgt}")[0]
+    except Exception as e:  # sacrebleu raises Exception for an unknown set or pair
+        raise PrepareError(f"sacrebleu test set {name} {src}-{tgt}: {e}") from None
+
+
+def gather(data: str, s: Dict):
+    """DATA/raw/SPLIT.{src,tgt} of a files corpus: each split's pair of files (or sacrebleu's test
+    set), refused when its two sides differ in lines."""
+    raw = os.path.join(data, "raw")
+    os.makedirs(raw, exist_ok=True)
+    for split, where in s["splits"].items():
+        pair = _sacrebleu_pair(where["sacrebleu"], s["src"], s["tgt"]) if "sacrebleu" in where else \
+            (where["src"], where["tgt"])
+        counts = [_lines(path) for path in pair]
+        if counts[0] != counts[1] or not counts[0]:
+            raise PrepareError(f"{split}: {pair[0]} has {counts[0]} lines, {pair[1]} {counts[1]}: a pair is a "
+                               "line of each, and there must be one")
+        for path, lang in zip(pair, (s["src"], s["tgt"])):
+            shutil.copyfile(path, os.path.join(raw, f"{split}.{lang}.tmp"))
+            os.replace(os.path.join(raw, f"{split}.{lang}.tmp"), os.path.join(raw, f"{split}.{lang}"))
+        print(f"| {split}: {counts[0]} pairs ({pair[0]}, {pair[1]})", flush=True)
+
+
 def tokenize(data: str, s: Dict, workers: int):
     os.makedirs(os.path.join(data, "tok"), exist_ok=True)
     for split in s["splits"]:
         for lang in (s["src"], s["tgt"]):
             raw = os.path.join(data, "raw", f"{split}.{lang}")
             print(f"| {split}.{lang}: {_lines(raw)} lines", flush=True)
+            if s.get("tokenize") == "none":  # a files corpus already tokenized
+                shutil.copyfile(raw, os.path.join(data, "tok", f"{split}.{lang}"))
+                continue
             cmd = [sys.executable, TEXT, "tokenize", "--lang", lang, "--workers", str(workers)]
             cmd += ["--plain"] if s["style"] == "iwslt" else []
-            cmd += ["--test-set"] if split == "test" else []
+            cmd += ["--test-set"] if split.startswith("test") else []
             _filter(cmd, raw, os.path.join(data, "tok", f"{split}.{lang}"))
 
 
@@ -130,6 +167,7 @@ def _clean(src: str, tgt: str, out_src: str, out_tgt: str, max_len: int, also=()
 def segment(data: str, s: Dict, workers: int):
     src, tgt = s["src"], s["tgt"]
     langs = (src, tgt)
+    tests = s.get("tests", ["test"])
     p = lambda *parts: os.path.join(data, *parts)  # noqa: E731
     for d in ("split", "bpe"):
         os.makedirs(p(d), exist_ok=True)
@@ -161,7 +199,7 @@ def segment(data: str, s: Dict, workers: int):
         _learn(data, s, [p("split", f"train.{lang}") for lang in langs], workers, joint_vocab=True)
         for lang in langs:
             for split, source in (("train", p("split", f"train.{lang}")), ("valid", p("split", f"valid.{lang}")),
-                                  ("test", p("tok", f"test.{lang}"))):
+                                  *((test, p("tok", f"{test}.{lang}")) for test in tests)):
                 _apply(data, s, source, p("bpe", f"{split}.{lang}"))
         _clean(p("bpe", f"train.{src}"), p("bpe", f"train.{tgt}"), p(f"train.{src}"), p(f"train.{tgt}"),
                s["max_len"], also=[p("split", f"train.{lang}") for lang in langs],
@@ -172,9 +210,10 @@ def segment(data: str, s: Dict, workers: int):
         for lang in langs:
             if s["valid"] != "split":
                 shutil.copyfile(p("bpe", f"valid.{lang}"), p(f"valid.{lang}"))
-            shutil.copyfile(p("bpe", f"test.{lang}"), p(f"test.{lang}"))
-            shutil.copyfile(p("raw", f"test.{lang}"), p(f"test.raw.{lang}"))  # SacreBLEU's references
-    for split in ("train", "valid", "test"):
+            for test in tests:
+                shutil.copyfile(p("bpe", f"{test}.{lang}"), p(f"{test}.{lang}"))
+                shutil.copyfile(p("raw", f"{test}.{lang}"), p(f"{test}.raw.{lang}"))  # SacreBLEU's references
+    for split in ("train", "valid", *tests):
         print(f"| {split}: {_lines(p(f'{split}.{src}'))} sentence pairs ({data}/{split}.{{{src},{tgt}}})", flush=True)
 
 
@@ -184,76 +223,33 @@ def binarize(data: str, s: Dict, workers: int):
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [_bin("fairseq-preprocess"), "--source-lang", s["src"], "--target-lang", s["tgt"],
            "--trainpref", os.path.join(data, "train"), "--validpref", os.path.join(data, "valid"),
-           "--testpref", os.path.join(data, "test"), "--destdir", tmp, "--workers", str(workers)]
+           "--testpref", ",".join(os.path.join(data, t) for t in s.get("tests", ["test"])), "--destdir", tmp,
+           "--workers", str(workers)]
     cmd += ["--joined-dictionary"] if s["joined_dictionary"] else []
     _run(cmd, log=os.path.join(data, "preprocess.log"))
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
 
 
-def length_split(data: str, out: str, s: Dict, c: Dict, workers: int):
-    """The extrapolation study's split (FLOATER Sec. 4.3): train and validate on the pairs whose
-    source is shorter than train_below (counted in subwords, or in words before BPE), test on the
-    longer ones, binarized with the corpus's own dictionaries."""
-    src, tgt = c["src"], c["tgt"]
-    subwords = s["unit"] == "subwords"
-    counted = os.path.join(data, "train" if subwords else "train.tok")
-    split = os.path.join(out, "text")
-    shutil.rmtree(split, ignore_errors=True)  # no bin file of earlier bins may stay behind
-    seg = "none" if subwords else ("sentencepiece" if c["bpe"] == "sentencepiece" else "subword_nmt")
-    _run([sys.executable, os.path.join(ROOT, "scripts", "length_split.py"), "--src", f"{counted}.{src}",
-          "--tgt", f"{counted}.{tgt}", "--src-lang", src, "--tgt-lang", tgt, "--out-dir", split,
-          "--train-below", str(s["train_below"]), "--bins", *map(str, s["bins"]), "--unit", s["unit"],
-          "--valid-src", os.path.join(data, f"valid.{src}"), "--valid-tgt", os.path.join(data, f"valid.{tgt}"),
-          "--valid-segmentation", seg])
-    for lang in (src, tgt):  # one test set of every long pair (the report bins by length)
-        with open(os.path.join(split, f"long.{lang}"), "wb") as f:
-            for part in sorted(glob.glob(os.path.join(split, f"long.*.{lang}"))):
-                with open(part, "rb") as g:
-                    shutil.copyfileobj(g, f)
-    segmented = split
-    if not subwords:
-        segmented = os.path.join(split, "bpe")
-        os.makedirs(segmented, exist_ok=True)
-        for part in ("train", "long"):
-            for lang in (src, tgt):
-                _apply(data, c, os.path.join(split, f"{part}.{lang}"), os.path.join(segmented, f"{part}.{lang}"))
-    if not os.path.getsize(os.path.join(segmented, f"long.{src}")):
-        raise PrepareError(f"no training pair of {data} has a source of {s['train_below']} {s['unit']} or more")
-    dicts = [os.path.join(data, "data-bin", f"dict.{lang}.txt") for lang in (src, tgt)]
-    same = open(dicts[0], "rb").read() == open(dicts[1], "rb").read()
-    flags = ["--srcdict", dicts[0], "--joined-dictionary"] if same else ["--srcdict", dicts[0], "--tgtdict", dicts[1]]
-    dest = os.path.join(out, "data-bin")
-    shutil.rmtree(dest, ignore_errors=True)
-    _run([_bin("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt, "--trainpref",
-          os.path.join(segmented, "train"), "--validpref", os.path.join(split, "valid"), "--testpref",
-          os.path.join(segmented, "long"), "--destdir", dest + ".tmp", *flags, "--workers", str(workers)],
-         log=os.path.join(out, "preprocess.log"))
-    os.replace(dest + ".tmp", dest)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("tokenize", "segment", "binarize", "length-split"):
+    for name in ("gather", "tokenize", "segment", "binarize"):
         p = sub.add_parser(name)
         p.add_argument("--data", required=True, help="the corpus's directory")
         p.add_argument("--settings", required=True, help="the step's settings (JSON)")
         p.add_argument("--workers", type=int, default=1)
-        if name == "length-split":
-            p.add_argument("--out", required=True, help="where the split goes")
-            p.add_argument("--corpus", required=True, help="the corpus's settings (JSON)")
     args = parser.parse_args(argv)
     settings = json.loads(args.settings)
     try:
-        if args.command == "tokenize":
+        if args.command == "gather":
+            gather(args.data, settings)
+        elif args.command == "tokenize":
             tokenize(args.data, settings, args.workers)
         elif args.command == "segment":
             segment(args.data, settings, args.workers)
-        elif args.command == "binarize":
-            binarize(args.data, settings, args.workers)
         else:
-            length_split(args.data, args.out, settings, json.loads(args.corpus), args.workers)
+            binarize(args.data, settings, args.workers)
     except (PrepareError, OSError, ValueError) as e:
         parser.exit(2, f"prepare.py {args.command}: error: {e}\n")
 

@@ -48,7 +48,14 @@ import sys
 from typing import List, Optional
 
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+if "fairseq_posenc" not in sys.modules:
+    # the package's modules without its __init__ (the plugin's registration imports fairseq and torch,
+    # seconds a job, for two modules that need neither)
+    import types
+
+    _package = types.ModuleType("fairseq_posenc")
+    _package.__path__ = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    sys.modules["fairseq_posenc"] = _package
 from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.generation import parse_generate_output  # noqa: E402
 

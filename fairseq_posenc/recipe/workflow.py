@@ -69,6 +69,9 @@ CORPORA = {
                   train_pairs={"de-en": 4_600_000, "cs-en": 1_000_000}),
     "iwslt14_de_en": dict(pair="de-en", valid_name="split", test_name="dev2010_dev2012_tst2010-2012",
                           valid_every=23, bpe_size=10000, valid="split", style="iwslt", train_pairs={"de-en": 160_000}),
+    # your own files (corpus.train, .valid, .test): prepared as WMT's, 10k BPE merges as IWSLT's
+    "files": dict(pair=None, valid_name="split", test_name=None, valid_every=100, bpe_size=10000, valid="split",
+                  style="files", train_pairs={}),
     "toy": dict(pair="src-tgt", valid_name="valid", test_name="test", valid_every=0, bpe_size=0, valid="valid",
                 style="toy", train_pairs={}),
 }
@@ -342,18 +345,20 @@ class Study:
             raise ConfigError(f"corpus.name {corpus['name']!r}: choose one of {', '.join(CORPORA)}")
         self.facts = dict(CORPORA[corpus["name"]])
         self.pair = corpus.get("pair") or self.facts["pair"]
+        if not self.pair:
+            raise ConfigError("corpus.pair: set the languages of your files, SRC-TGT (as de-en)")
         if "pairs" in self.facts and self.pair not in self.facts["pairs"]:
             raise ConfigError(f"corpus.pair {self.pair}: {corpus['name']} has {', '.join(self.facts['pairs'])}")
         self.src, self.tgt = self.pair.split("-")
-        self.corpus_name = corpus["name"] if corpus["name"] != "wmt18" else f"wmt18_{self.src}_{self.tgt}"
+        self.corpus_name = corpus["name"] if corpus["name"] not in ("wmt18", "files") else \
+            f"{corpus['name']}_{self.src}_{self.tgt}"
         # {corpus}: one study file for every pair of a corpus (WMT18) writes each pair apart
         try:
             self.out = config["out"].format(corpus=self.corpus_name)
         except (KeyError, IndexError, ValueError) as e:
             raise ConfigError(f"out {config['out']!r}: {{corpus}} is the only field it can hold ({e!r})") from None
         self.config = {**config, "out": self.out}  # the report's title and the study's record name it
-        self.data = corpus.get("data") or (os.path.join(self.out, "corpus") if corpus["name"] == "toy"
-                                          else os.path.join("data", self.corpus_name))
+        self.data = corpus.get("data") or self._default_data(corpus)
         models = config["models"]
         self.arch = models["arch"]
         self.rows = parse_rows(models["encodings"])
@@ -370,6 +375,29 @@ class Study:
         self._resolved: Dict[str, tuple] = {}
         self._check_rows(preflight)
         self.models = self._models()
+
+    def _default_data(self, corpus: dict) -> str:
+        from .corpus import files_data_dir
+
+        if corpus["name"] == "toy":
+            return os.path.join(self.out, "corpus")
+        if corpus["name"] == "files":
+            return files_data_dir(corpus, self.src, self.tgt)
+        return os.path.join("data", self.corpus_name)
+
+    def test_sets(self):
+        """Every test set decoded, scored and reported apart (corpus.TestSet): the corpus's, or a
+        files corpus's named ones; with a split, first the long pairs it set aside."""
+        from .corpus import TestSet, named_tests
+
+        if self.config["corpus"]["name"] != "files":
+            return [TestSet(self.test_set(), "test", "test", "models")]
+        named = named_tests(self.config["corpus"])
+        return ([TestSet(self.test_set(), "test", "test", "models")] if self.split else []) + named
+
+    def test_data_bin(self, test) -> str:
+        """The binarized set ``test`` (a TestSet) is decoded from: the split's or the corpus's."""
+        return self.data_bin() if test.where == "models" else os.path.join(self.data, "data-bin")
 
     # -- rows and their preflight -----------------------------------------------------------------
     def _check_rows(self, preflight: bool):
@@ -716,6 +744,8 @@ class Study:
         """The corpus's published size (plan.CorpusEstimate) for the plan before it is prepared."""
         from .plan import CorpusEstimate
 
+        if self.facts["style"] == "files":
+            return self._counted_files()
         pairs = self.facts["train_pairs"].get("-".join(sorted((self.src, self.tgt))))
         if not pairs or self.config["corpus"].get("sources"):  # another sources file: another corpus
             return None
@@ -724,16 +754,35 @@ class Study:
         return CorpusEstimate(pairs, TARGET_SUBWORDS[self.facts["style"]], bpe * (1 if joined else 2),
                               f"{self.corpus_name}'s published size")
 
+    def _counted_files(self):
+        """A files corpus's training pairs and target words, counted in its files (the plan before
+        it is prepared): its own split's validation pairs out, a word a subword (BPE only adds)."""
+        from .plan import CorpusEstimate
+
+        corpus = self.config["corpus"]
+        path = corpus["train"]["tgt"]
+        # with a split in words, the pairs it trains on: sources under train_below (before tokenization)
+        below = self.split["train_below"] if self.split and self.split["unit"] == "words" else None
+        lines = words = 0
+        with open(path, "rb") as f, open(corpus["train"]["src"], "rb") as g:
+            for line, source in zip(f, g):
+                if below is None or len(source.split()) < below:
+                    lines += 1
+                    words += len(line.split())
+        pairs = lines - (lines // self.facts["valid_every"] if corpus.get("valid") in (None, "split") else 0)
+        path += f" (sources under {below} words)" if below else ""
+        bpe = corpus.get("bpe_size") or self.facts["bpe_size"]
+        return CorpusEstimate(pairs, words / max(lines, 1) + 1, bpe,
+                              f"counted in {path}: {lines:,} lines, {words:,} target words", counted=True)
+
     def tokens_per_second(self, model: "Model") -> Optional[float]:
         """train.tokens_per_second, auto: Vaswani et al.'s P100 speed for base and big models
-        (plan.PAPER_TOKENS_PER_SECOND); none on CPUs."""
+        (plan.PAPER_TOKENS_PER_SECOND), none on CPUs (a CPU's speed is the user's to measure)."""
         from .plan import PAPER_TOKENS_PER_SECOND
 
         value = self.train.get("tokens_per_second", "auto")
-        if self.train["device"] == "cpu":
-            return None
         if value == "auto":
-            return PAPER_TOKENS_PER_SECOND.get(self.model_arch(model))
+            return None if self.train["device"] == "cpu" else PAPER_TOKENS_PER_SECOND.get(self.model_arch(model))
         return float(value) if value is not None else None
 
     def test_set(self) -> str:
@@ -787,14 +836,16 @@ def config_cache() -> str:
     return os.path.join(".snakemake", "fairseq_posenc", "configs")
 
 
-def generate_command(study: "Study", averaged: str) -> List[str]:
+def generate_command(study: "Study", averaged: str, test=None) -> List[str]:
     """fairseq-generate of the test set with the averaged checkpoint: beam search with fairseq's
     |Y|^lenpen, or (lenpen_form gnmt) every finished hypothesis with its raw score for rerank.py to
     pick by GNMT's ((5+|Y|)/6)^lenpen. Outputs are capped at 1.5 x source + 50 tokens: never below
-    Vaswani et al.'s source + 50, and it lets a model that runs on past the training lengths show it."""
+    Vaswani et al.'s source + 50, and it lets a model that runs on past the training lengths show it.
+    ``test``: the test set (corpus.TestSet) decoded, by default the study's first."""
     e = study.evaluate
-    cmd = ["fairseq-generate", study.data_bin(), "--user-dir", USER_DIR, "--path", averaged, "--gen-subset", "test",
-           "--beam", str(e["beam"])]
+    test = test or study.test_sets()[0]
+    cmd = ["fairseq-generate", study.test_data_bin(test), "--user-dir", USER_DIR, "--path", averaged, "--gen-subset",
+           test.subset, "--beam", str(e["beam"])]
     if e["lenpen_form"] == "gnmt":
         cmd += ["--nbest", str(e["beam"]), "--unnormalized"]
     else:

@@ -1,6 +1,23 @@
 # Evaluation of every trained model: average its last checkpoints, label the average (from the
-# model itself: python -m fairseq_posenc.labels), decode the test set, score it.
+# model itself: python -m fairseq_posenc.labels), decode each test set, score it. A test set's
+# decodes go to OUT/WHERE/NAME/seedS (corpus.TestSet.where): beside the model (OUT/models) for the
+# corpus's or the split's test set, OUT/tests/TEST for each named test set of a files corpus.
 MODEL_DIR = OUT + "/models/{name}/seed{seed}"
+TEST_DIR = OUT + "/{where}/{name}/seed{seed}"
+TESTS = {test.where: test for test in STUDY.test_sets()}
+
+
+wildcard_constraints:
+    where="|".join(re.escape(where) for where in TESTS),
+    name=r"[^/]+",
+
+
+def _test(wildcards):
+    return TESTS[wildcards.where]
+
+
+def _model_file(name):
+    return lambda w: os.path.join(OUT, "models", w.name, f"seed{w.seed}", name)
 
 
 def _average_count(wildcards):
@@ -50,17 +67,35 @@ rule label:
         "esac > {output}"
 
 
+rule test_model:
+    # a named test set's directory holds its model's label and record and a link to its average:
+    # what the report reads to name the rows
+    input:
+        label=_model_file("label.txt"),
+        record=_model_file("trained.json"),
+        averaged=_model_file("averaged.pt"),
+    output:
+        label=OUT + "/tests/{test}/{name}/seed{seed}/label.txt",
+        record=OUT + "/tests/{test}/{name}/seed{seed}/trained.json",
+        averaged=OUT + "/tests/{test}/{name}/seed{seed}/averaged.pt",
+    wildcard_constraints:
+        seed=r"\d+",
+    shell:
+        "cp {input.label} {output.label} && cp {input.record} {output.record} && "
+        "ln -sfr {input.averaged} {output.averaged}"
+
+
 rule decode:
     input:
-        checkpoint=MODEL_DIR + "/averaged.pt",
-        data=STUDY.data_bin(),
+        checkpoint=_model_file("averaged.pt"),
+        data=lambda w: STUDY.test_data_bin(_test(w)),
         scripts=scripts(f"{RECIPE_PY}/rerank.py") if STUDY.evaluate["lenpen_form"] == "gnmt" else [],
     output:
-        MODEL_DIR + "/test.txt",
+        TEST_DIR + "/test.txt",
     log:
-        MODEL_DIR + "/test.log",
+        TEST_DIR + "/test.log",
     params:
-        command=lambda w, input: wf.generate_command(STUDY, input.checkpoint),
+        command=lambda w, input: wf.generate_command(STUDY, input.checkpoint, _test(w)),
         gnmt=STUDY.evaluate["lenpen_form"] == "gnmt",
         rerank=f"--form gnmt --alpha {STUDY.evaluate['lenpen']} --beam {STUDY.evaluate['beam']}",
     threads: int(STUDY.train["threads"])
@@ -79,12 +114,12 @@ rule decode:
 rule detok:
     # H- and T- lines as detokenized words for the length report; S- lines stay in the bins' unit
     input:
-        generation=MODEL_DIR + "/test.txt",
+        generation=TEST_DIR + "/test.txt",
         scripts=scripts(f"{RECIPE_PY}/scoring.py"),
     output:
-        MODEL_DIR + "/test.detok.txt",
+        TEST_DIR + "/test.detok.txt",
     log:
-        MODEL_DIR + "/detok.log",
+        TEST_DIR + "/detok.log",
     params:
         bpe=wf.segmentation(STUDY),
         lang=STUDY.tgt,
@@ -95,26 +130,35 @@ rule detok:
         "--out {output} > {log} 2>&1 || {{ tail -20 {log} >&2; exit 1; }}"
 
 
+def _reference(wildcards):
+    """--ref of a test set: its raw references; none (the T- lines, detokenized) for the split's
+    long pairs (training pairs, no raw reference kept) and for text given tokenized."""
+    test = _test(wildcards)
+    if (STUDY.split and test.where == "models") or STUDY.config["corpus"].get("tokenize") == "none":
+        return ""
+    return "--ref " + os.path.join(STUDY.data, f"{test.prefix}.raw.{STUDY.tgt}")
+
+
 rule score:
     # SacreBLEU (detokenized, with its signature) and tokenized BLEU, as the papers report them:
-    # against the corpus's raw test references, or with a split against the long pairs' own
+    # against the test set's raw references, or with a split against the long pairs' own
     # references (the T- lines: the split's test set is made of training pairs)
     input:
-        generation=MODEL_DIR + "/test.txt",
-        label=MODEL_DIR + "/label.txt",
+        generation=TEST_DIR + "/test.txt",
+        label=_model_file("label.txt"),
         scripts=scripts(f"{RECIPE_PY}/scoring.py"),
     output:
-        lines=MODEL_DIR + "/score.txt",
-        json=MODEL_DIR + "/score.json",
+        lines=TEST_DIR + "/score.txt",
+        json=TEST_DIR + "/score.json",
     log:
-        MODEL_DIR + "/score.log",
+        TEST_DIR + "/score.log",
     params:
-        ref="" if STUDY.split else "--ref " + os.path.join(STUDY.data, f"test.raw.{STUDY.tgt}"),
+        ref=_reference,
         bpe=wf.segmentation(STUDY),
         lang=STUDY.tgt,
         lowercase="--lowercase" if STUDY.evaluate["lowercase"] else "",
         what=lambda w: (f"{STUDY.corpus_name} {STUDY.pair} seed={w.seed} arch={STUDY.arch} "
-                        f"{STUDY.test_set()} beam={STUDY.evaluate['beam']} lenpen={STUDY.evaluate['lenpen']} "
+                        f"{_test(w).name} beam={STUDY.evaluate['beam']} lenpen={STUDY.evaluate['lenpen']} "
                         f"lenpen_form={STUDY.evaluate['lenpen_form']} avg={STUDY.average(_model(w))}"),
     wildcard_constraints:
         seed=r"\d+",

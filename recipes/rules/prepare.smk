@@ -1,15 +1,19 @@
-# Preparing the study's corpus: the demo's generated pair, or a corpus's archives -> plain text ->
-# tokens -> subwords -> fairseq-preprocess, as fairseq's prepare-*.sh scripts make them
-# (fairseq_posenc/recipe/prepare.py). Each rule's params hold the settings it runs with, its
-# inputs the sources file, the archives and the scripts it runs: an edit of any redoes it and what
-# follows.
+# Preparing the study's corpus: the demo's generated pair, or a corpus's archives (a files corpus:
+# the user's own files) -> plain text -> tokens -> subwords -> fairseq-preprocess, as fairseq's
+# prepare-*.sh scripts make them (fairseq_posenc/recipe/prepare.py). Each rule's params hold the
+# settings it runs with, its inputs the sources file, the archives (or files) and the scripts it
+# runs: an edit of any redoes it and what follows. The disk check before the text is written
+# (plan.py prepare-space) is no input: it changes no output.
 import re
 import shlex
 
 from fairseq_posenc.recipe.corpus import Corpus
 
 DATA = STUDY.data
-CORPUS = Corpus.of(STUDY)
+try:
+    CORPUS = Corpus.of(STUDY)
+except wf.ConfigError as error:
+    raise WorkflowError(f"configuration refused: {error}") from None
 
 if CORPUS.style == "toy":
 
@@ -25,12 +29,36 @@ if CORPUS.style == "toy":
         shell:
             "{PY} {RECIPE_PY}/toy_corpus.py --settings {params.toy:q} --out {DATA} 2>&1 | tee {log}"
 
+elif CORPUS.style == "files":
+
+    # on the submitting host: a sacrebleu test set may be downloaded
+    localrules: gather
+
+    rule gather:
+        # the user's files (and sacrebleu's test sets by name) as DATA/raw/SPLIT.{src,tgt}
+        input:
+            files=CORPUS.own_files(),
+            scripts=scripts(f"{RECIPE_PY}/prepare.py"),
+        output:
+            [f"{DATA}/raw/{split}.{lang}" for split in CORPUS.splits() for lang in CORPUS.langs],
+        params:
+            settings=CORPUS.gather_settings(),
+            space=f"--raw-text {shlex.join(CORPUS.own_files())}" if CORPUS.own_files() else "",
+        log:
+            DATA + "/logs/gather.log",
+        shell:
+            "({PY} {RECIPE_PY}/plan.py prepare-space --work {DATA} {params.space} && "
+            "{PY} {RECIPE_PY}/prepare.py gather --data {DATA} --settings {params.settings:q}) 2>&1 | tee {log}"
+
+    RAW = rules.gather.output
+
 else:
 
     # how the archives are fetched and checked (corpus.download, .download_timeout, .mirror,
     # .verify_checksums): in the commands, not params, so that another timeout prepares nothing again
     DOWNLOAD = shlex.join(CORPUS.download_command())
     VERIFY = shlex.join(CORPUS.verify_command())
+    SPACE = shlex.join(CORPUS.space_command())
 
     # on the submitting host, also under the SLURM profile: a download needs the internet, which
     # compute nodes often lack, and the extraction reads the archives where they were put
@@ -59,22 +87,26 @@ else:
             archives=CORPUS.archive_paths(),
             scripts=scripts(f"{RECIPE_PY}/wmt_data.py"),
         output:
-            [f"{DATA}/raw/{split}.{lang}" for split in ("train", "valid", "test") for lang in CORPUS.langs
-             if split != "valid" or CORPUS.has_valid],
+            [f"{DATA}/raw/{split}.{lang}" for split in CORPUS.splits() for lang in CORPUS.langs],
         params:
             command=CORPUS.extract_command(),
         log:
             DATA + "/logs/extract.log",
         shell:
-            "({PY} {RECIPE_PY}/wmt_data.py {VERIFY} && {PY} {RECIPE_PY}/wmt_data.py {params.command:q}) 2>&1 | tee {log}"
+            "({PY} {RECIPE_PY}/wmt_data.py {VERIFY} && {PY} {RECIPE_PY}/plan.py prepare-space {SPACE} && "
+            "{PY} {RECIPE_PY}/wmt_data.py {params.command:q}) 2>&1 | tee {log}"
+
+    RAW = rules.extract.output
+
+
+if CORPUS.style != "toy":
 
     rule tokenize:
         input:
-            rules.extract.output,
+            RAW,
             scripts=scripts(f"{RECIPE_PY}/prepare.py"),
         output:
-            [f"{DATA}/tok/{split}.{lang}" for split in ("train", "valid", "test") for lang in CORPUS.langs
-             if split != "valid" or CORPUS.has_valid],
+            [f"{DATA}/tok/{split}.{lang}" for split in CORPUS.splits() for lang in CORPUS.langs],
         params:
             settings=CORPUS.tokenize_settings(),
         threads: CORPUS.workers
@@ -89,9 +121,9 @@ else:
             rules.tokenize.output,
             scripts=scripts(f"{RECIPE_PY}/prepare.py"),
         output:
-            [f"{DATA}/{split}.{lang}" for split in ("train", "valid", "test") for lang in CORPUS.langs]
+            [f"{DATA}/{split}.{lang}" for split in CORPUS.splits(valid=True) for lang in CORPUS.langs]
             + [f"{DATA}/train.tok.{lang}" for lang in CORPUS.langs]
-            + [f"{DATA}/test.raw.{lang}" for lang in CORPUS.langs]
+            + [f"{DATA}/{test.prefix}.raw.{lang}" for test in CORPUS.tests for lang in CORPUS.langs]
             + [CORPUS.bpe_model()],
         params:
             settings=CORPUS.segment_settings(),
@@ -115,7 +147,17 @@ else:
             DATA + "/logs/binarize.log",
         shell:
             "{PY} {RECIPE_PY}/prepare.py binarize --data {DATA} --settings {params.settings:q} --workers {threads} "
-            "2>&1 | tee {log}"
+            "2>&1 | tee {log} && printf '%s\\n' {RECORD:q} > {DATA}/prepared.json"
+
+    # which study prepared DATA, with what: another study's settings are refused there (not its own
+    # edits, which prepare it again); in the command, not params: another study preparing nothing
+    # again must not rewrite it
+    RECORD = json.dumps({"study": OUT, "preparation": CORPUS.preparation()}, sort_keys=True)
+    if workflow.is_main_process:
+        try:
+            CORPUS.check_owner(OUT)
+        except ValueError as error:
+            raise WorkflowError(f"configuration refused: {error}") from None
 
 
 if STUDY.split:
@@ -125,7 +167,7 @@ if STUDY.split:
         input:
             [f"{DATA}/{part}.{lang}" for part in ("train", "valid", "train.tok") for lang in CORPUS.langs],
             data=DATA + "/data-bin",
-            scripts=scripts(f"{RECIPE_PY}/prepare.py"),
+            scripts=scripts(f"{RECIPE_PY}/short_to_long.py"),
         output:
             directory(OUT + "/split/data-bin"),
         params:
@@ -135,5 +177,5 @@ if STUDY.split:
         log:
             OUT + "/logs/length_split.log",
         shell:
-            "{PY} {RECIPE_PY}/prepare.py length-split --data {DATA} --out {OUT}/split --settings {params.settings:q} "
+            "{PY} {RECIPE_PY}/short_to_long.py --data {DATA} --out {OUT}/split --settings {params.settings:q} "
             "--corpus {params.corpus:q} --workers {threads} 2>&1 | tee {log}"

@@ -1,23 +1,37 @@
-# The study's report: the score lines of every model (results.txt), the table per bin of source
-# length over seeds (bleu_by_length.*: with a split or report.bins), or the demo's tables.
+# The study's report: the score lines of every model and test set (results.txt), the table per bin
+# of source length over seeds (bleu_by_length.*: with a split or report.bins; a files corpus's
+# named test set TEST: bleu_by_length.TEST.*), or the demo's tables.
 EVALUATED = [STUDY.model_dir(m) for m in STUDY.evaluated()]
 # the rows in the order of models.encodings, then FLOATER's control and the students; seeds in order
 EVALUATED.sort(key=lambda d: [m.name for m in STUDY.evaluated()].index(os.path.basename(os.path.dirname(d))))
-STUDY_JSON = OUT + "/study.json"
 LENGTH_REPORT = bool(STUDY.split or STUDY.config["report"].get("bins"))
+# each test set's report files: "" for the corpus's (or the split's) test set, ".TEST" for a named one
+SUFFIXES = {("" if test.where == "models" else "." + test.name): test for test in STUDY.test_sets()}
+
+
+def test_dirs(suffix):
+    """The decodes of the test set of ``suffix``, model by model (OUT/WHERE/NAME/seedS)."""
+    where = SUFFIXES[suffix].where
+    return [os.path.join(OUT, where, *d.split(os.sep)[-2:]) for d in EVALUATED]
+
 
 if STUDY.config["corpus"]["name"] == "toy":
     REPORT_FILES = [OUT + "/results.md", OUT + "/results.json"]
 else:
-    REPORT_FILES = [OUT + "/results.txt"] + ([OUT + "/bleu_by_length.md"] if LENGTH_REPORT else [])
+    REPORT_FILES = [OUT + "/results.txt"] + ([OUT + f"/bleu_by_length{s}.md" for s in SUFFIXES] if LENGTH_REPORT else [])
 
 
 rule study_config:
-    # the configuration the report reads (its title, seeds, baseline, bins)
+    # the configuration the report reads (its title, seeds, baseline, bins); a named test set's
+    # title names it
     output:
-        STUDY_JSON,
+        OUT + "/study{suffix}.json",
+    wildcard_constraints:
+        suffix="(?:" + "|".join(re.escape(s) for s in SUFFIXES) + ")",
     params:
-        config=json.dumps(STUDY.config, sort_keys=True),
+        config=lambda w: json.dumps(STUDY.config if not w.suffix else {
+            **STUDY.config, "report": {**STUDY.config["report"], "title": (STUDY.config["report"].get("title") or OUT)
+                                       + f", test set {SUFFIXES[w.suffix].name}"}}, sort_keys=True),
     run:
         with open(output[0], "w", encoding="utf-8") as f:
             f.write(params.config)
@@ -25,40 +39,42 @@ rule study_config:
 
 rule results:
     input:
-        [d + "/score.txt" for d in EVALUATED],
+        [d + "/score.txt" for s in SUFFIXES for d in test_dirs(s)],
         scripts=scripts(f"{RECIPE_PY}/report.py"),
     output:
         report(OUT + "/results.txt", category="scores"),
     log:
         OUT + "/logs/results.log",
     params:
-        models=EVALUATED,
+        models=[d for s in SUFFIXES for d in test_dirs(s)],
     shell:
         "{PY} {RECIPE_PY}/report.py results --models {params.models} --out {output} 2>&1 | tee {log}"
 
 
 rule length_report:
     input:
-        study=STUDY_JSON,
-        files=[d + f for d in EVALUATED for f in ("/test.detok.txt", "/label.txt", "/test.log", "/averaged.pt",
-                                                  "/trained.json")],
+        study=OUT + "/study{suffix}.json",
+        files=lambda w: [d + f for d in test_dirs(w.suffix)
+                         for f in ("/test.detok.txt", "/label.txt", "/test.log", "/averaged.pt", "/trained.json")],
         scripts=scripts(f"{RECIPE_PY}/report.py"),
     output:
-        report(OUT + "/bleu_by_length.md", category="BLEU by source length"),
-        OUT + "/bleu_by_length.json",
-        report(OUT + "/bleu_by_length.png", category="BLEU by source length"),
+        report(OUT + "/bleu_by_length{suffix}.md", category="BLEU by source length"),
+        OUT + "/bleu_by_length{suffix}.json",
+        report(OUT + "/bleu_by_length{suffix}.png", category="BLEU by source length"),
     log:
-        OUT + "/logs/length_report.log",
+        OUT + "/logs/length_report{suffix}.log",
+    wildcard_constraints:
+        suffix="(?:" + "|".join(re.escape(s) for s in SUFFIXES) + ")",
     params:
-        models=EVALUATED,
+        models=lambda w: test_dirs(w.suffix),
     shell:
-        "{PY} {RECIPE_PY}/report.py length --study {input.study} --models {params.models} --out {OUT}/bleu_by_length "
-        "2>&1 | tee {log}"
+        "{PY} {RECIPE_PY}/report.py length --study {input.study} --models {params.models} "
+        "--out {OUT}/bleu_by_length{wildcards.suffix} 2>&1 | tee {log}"
 
 
 rule demo_report:
     input:
-        study=STUDY_JSON,
+        study=OUT + "/study.json",
         files=[d + f for d in EVALUATED for f in ("/test.txt", "/label.txt", "/averaged.pt", "/trained.json")],
         scripts=scripts(f"{RECIPE_PY}/report.py"),
     output:
