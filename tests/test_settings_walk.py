@@ -24,14 +24,36 @@ BASE = {"out": "study",
         "split": {},
         "warm_start": {"enabled": True},
         "distillation": {"teacher": "sinusoidal"}}
-# what a corpus kind needs besides its name (none of the shipped ones needs anything)
+# what a corpus kind needs besides its name (none of the shipped ones needs anything): a files
+# corpus's pair and files (written by the fixture below), and other files for its walk
 CORPUS_EXTRA = {}
+OTHER_BY_CORPUS = {}
 # values where the schema's type alone does not give a meaningful other one: rows, row lists
 OTHER = {"models.encodings": ["sinusoidal", "t5", "alibi", "floater", "rope"], "models.baseline": "alibi",
          "warm_start.start": "sinusoidal", "distillation.teacher": "alibi",
          "distillation.students": ["sinusoidal", "alibi"], "distillation.relations": "qq,kk",
          "train.encoding_flags": {"alibi": ["--alibi-encoder", "split"]}, "train.model_flags": ["--encoder-layers", 3],
          "train.flags": ["--log-interval", 7], "corpus.valid": "newstest2012", "corpus.pair": "x-y"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def files_corpus(tmp_path_factory):
+    """Plain text files for corpus.name files: a training pair, a second one (another value of
+    corpus.train), a validation pair and two test sets."""
+    root = tmp_path_factory.mktemp("files")
+
+    def pair(name):
+        for side, text in (("src", "ein haus\n"), ("tgt", "a house\n")):
+            (root / f"{name}.{side}").write_text(text * 3)
+        return {side: str(root / f"{name}.{side}") for side in ("src", "tgt")}
+
+    # corpus.data set: its default is named by the preparation settings, which would hide a setting
+    # that no step's params hold behind the new directory
+    CORPUS_EXTRA["files"] = {"pair": "de-en", "train": pair("train"), "test": {"news": pair("news")},
+                             "data": str(root / "prepared")}
+    OTHER.update({"corpus.train": pair("train2"), "corpus.test": {"news": pair("news"), "ted": pair("ted")}})
+    OTHER_BY_CORPUS["files"] = {"corpus.valid": pair("valid"), "corpus.pair": "de-fr"}
+    yield
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,8 +73,10 @@ def schema_read_once():
         yield
 
 
-def other_value(path, node, current):
-    """A valid value of ``path`` other than ``current``, from its schema."""
+def other_value(path, node, current, corpus):
+    """A valid value of ``path`` other than ``current``, from its schema, for the corpus kind ``corpus``."""
+    if path in OTHER_BY_CORPUS.get(corpus, {}):
+        return OTHER_BY_CORPUS[corpus][path]
     if path in OTHER:
         return OTHER[path]
     if "enum" in node:
@@ -94,6 +118,9 @@ def job_params(study):
     jobs, corpus = {}, Corpus.of(study)
     if study.facts["style"] == "toy":
         jobs["toy_corpus"] = (json.dumps(study.config["corpus"]["toy"], sort_keys=True), study.data)
+    elif study.facts["style"] == "files":
+        jobs["prepare"] = (corpus.own_files(), corpus.gather_settings(), corpus.tokenize_settings(),
+                           corpus.segment_settings(), corpus.binarize_settings(), study.data)
     else:
         jobs["prepare"] = (corpus.extract_command(), corpus.tokenize_settings(), corpus.segment_settings(),
                            corpus.binarize_settings(), study.data)
@@ -105,9 +132,11 @@ def job_params(study):
     for model in study.evaluated():
         averaged = os.path.join(study.model_dir(model), "averaged.pt")
         jobs["average", model.key] = (study.average(model), e["checkpoints"])
-        jobs["decode", model.key] = (generate_command(study, averaged), e["lenpen_form"], e["lenpen"], e["beam"])
-        jobs["score", model.key] = (segmentation(study), study.tgt, e["lowercase"], study.test_set(),
-                                    study.corpus_name, study.pair)
+        for test in study.test_sets():
+            jobs["decode", model.key, test.name] = (generate_command(study, averaged, test), e["lenpen_form"],
+                                                    e["lenpen"], e["beam"])
+            jobs["score", model.key, test.name] = (segmentation(study), study.tgt, e["lowercase"], test.name,
+                                                   study.corpus_name, study.pair)
     return jobs
 
 
@@ -131,7 +160,8 @@ def test_every_field_reaches_a_job_or_is_refused_or_reaches_none_on_purpose(reci
             if section in BASE and section not in given:  # distillation under toy: the whole section, refused
                 given[section] = copy.deepcopy(BASE[section])
             current = settings.value_at(reference.config, path)
-            put(given, path, other_value(path, node, node.get("default") if current is settings.ABSENT else current))
+            put(given, path, other_value(path, node, node.get("default") if current is settings.ABSENT else current,
+                                          name))
             try:
                 after = job_params(study(given))
             except wf.ConfigError as refusal:
@@ -145,10 +175,11 @@ def test_every_field_reaches_a_job_or_is_refused_or_reaches_none_on_purpose(reci
 
 def test_the_walk_covers_the_corpora_and_recipes_of_the_schema():
     """What the walk takes from the schema: its enums, and sections that are fields of their own."""
-    assert {"toy", "wmt14_en_de"} <= set(ENUMS["corpus.name"]) and set(ENUMS["train.recipe"]) == set(wf.RECIPE_AUTO)
+    assert {"toy", "wmt14_en_de", "files"} <= set(ENUMS["corpus.name"]) and set(ENUMS["train.recipe"]) == set(wf.RECIPE_AUTO)
     paths = [path for path, _ in settings.fields()]
     assert "train.weight_decay" in paths and "corpus.toy.train_size" in paths and "train.encoding_flags" in paths
     assert "corpus.toy" not in paths and "warm_start.vanilla.max_epoch" in paths
+    assert "corpus.train" in paths and "corpus.valid" in paths and "corpus.train.src" not in paths
 
 
 def test_a_setting_the_study_would_not_use_is_refused_in_one_line_when_given():

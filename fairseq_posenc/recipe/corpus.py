@@ -10,9 +10,6 @@ from typing import Dict, List, NamedTuple, Optional
 from .workflow import ROOT, ConfigError
 
 
-#: the fields of ``corpus`` that only ``name: files`` reads, and those it refuses (a shipped corpus's)
-FILES_ONLY = ("train", "test")
-ARCHIVES_ONLY = ("sources", "archives", "download", "download_timeout", "mirror", "verify_checksums", "toy")
 #: the fields of ``corpus`` that decide what a prepared corpus holds (its directory's name for
 #: ``files``, the record a corpus.data directory keeps of the study that prepared it)
 PREPARATION = ("name", "pair", "sources", "train", "valid", "test", "tokenize", "bpe", "bpe_size")
@@ -61,12 +58,6 @@ class Corpus:
             self.valid = c.get("valid") or "split"
             self.has_valid = self.valid != "split"
             return
-        for key in FILES_ONLY:
-            if c.get(key):
-                raise ValueError(f"corpus.{key}: your own files are read with corpus.name files, not {c['name']}")
-        if c.get("tokenize", "moses") != "moses":
-            raise ValueError(f"corpus.tokenize {c['tokenize']}: {c['name']} is tokenized as fairseq's script does; "
-                             "none is for corpus.name files")
         self.sources = c.get("sources") or os.path.join(ROOT, "recipes", c["name"], "sources")
         self.valid = c.get("valid") or study.facts["valid"]
         if self.valid not in ("split", study.facts["valid_name"]):
@@ -75,19 +66,7 @@ class Corpus:
         self.has_valid = self.style == "wmt" and self.valid != "split"
 
     def _check_files(self, c):
-        import yaml
-
-        with open(os.path.join(ROOT, "recipes", "conf", "schema.yaml"), encoding="utf-8") as f:
-            fields = yaml.safe_load(f)["properties"]["corpus"]["properties"]
-        def default(field):  # an object's is its properties' (the schema fills them in)
-            if "properties" in field:
-                return {k: default(v) for k, v in field["properties"].items()}
-            return field.get("default")
-
-        for key in ARCHIVES_ONLY:
-            if c.get(key, default(fields[key])) != default(fields[key]):
-                raise ValueError(f"corpus.{key}: a files corpus reads corpus.train, .valid and .test; {key} is for the "
-                                 "shipped corpora's archives")
+        # the shipped corpora's archive settings, given to a files corpus, are refused by settings.py
         if not c.get("train") or not c.get("test"):
             raise ValueError("corpus.name files: set corpus.train {src: FILE, tgt: FILE} and corpus.test "
                              "{NAME: {src: FILE, tgt: FILE}, ...}")

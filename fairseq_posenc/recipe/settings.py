@@ -38,12 +38,13 @@ def schema() -> dict:
 
 
 def fields(node: Optional[dict] = None, prefix: str = "") -> Iterator[Tuple[str, dict]]:
-    """(path, schema) of every field of the schema: the leaves, and the objects without properties
-    of their own (train.encoding_flags); a section (an object with properties) is its fields."""
+    """(path, schema) of every field of the schema: the leaves, and the objects that are values
+    (train.encoding_flags, a files corpus's corpus.train: a type besides object, or no properties);
+    a section (type object, with properties) is its fields."""
     node = schema() if node is None else node
     for name, sub in node.get("properties", {}).items():
         path = f"{prefix}{name}"
-        if "properties" in sub:
+        if "properties" in sub and sub.get("type", "object") == "object":
             yield from fields(sub, path + ".")
         else:
             yield path, sub
@@ -97,6 +98,9 @@ def _refusals(study, given: dict) -> Iterator[Tuple[List[str], str]]:
     if study.facts["style"] not in ("wmt", "iwslt"):
         yield [f"corpus.{name}" for name in ("sources", "archives", "download", "download_timeout", "mirror",
                                              "verify_checksums")], f"corpus.name {corpus['name']} reads no archive"
+    if study.facts["style"] != "files":
+        yield ["corpus.train", "corpus.test", "corpus.tokenize"], \
+            f"your own files are read (and tokenized or not) with corpus.name files, not {corpus['name']}"
     if study.facts["style"] == "toy":
         yield [f"corpus.{name}" for name in ("pair", "bpe", "bpe_size", "valid")], \
             "corpus.name toy is the demo's generated pair (corpus.toy): src-tgt, whole words, its own valid set"
