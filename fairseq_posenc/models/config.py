@@ -9,10 +9,12 @@ only where the encoding drops fairseq's input embedding), the fields of its enco
 and with ``--segment-attention`` the fields of the segment bias's ``config``. A new encoding's
 flags are refused with every other encoding as soon as its ``config`` declares them.
 """
+import argparse
 import contextlib
 import contextvars
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import FrozenSet, Optional
 
@@ -21,6 +23,8 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from ..compat import PosencError
 from ..positions import POSITION_ENCODINGS, get_position_encoding
 from ..positions.segments import SegmentBias
+from ..positions import values
+from ..positions.values import Values
 
 PositionEncodingChoice = ChoiceEnum(list(POSITION_ENCODINGS))
 
@@ -41,7 +45,7 @@ class PosencConfig(FairseqDataclass):
     attention_head_dim: Optional[int] = field(
         default=None,
         metadata={
-            "label": "head size {}",
+            "label": "head size {}", "values": Values(low=1),
             "help": "size of each attention head, independent of embed dim / heads "
             "(Bhojanapalli et al., 2020); logits scaled by 1/sqrt(N). Default: embed dim / heads"
         },
@@ -173,3 +177,49 @@ def refuse_unused_flags(args):
             else:
                 why = f"{model} does not use it"
             raise PosencError(f"{_flag(f.name, value)} would change nothing: {why} (it is for {_takers(f.name)})")
+
+
+def check_values(args):
+    """One line (:class:`PosencError`) for the first plugin flag whose value it does not take
+    (:mod:`..positions.values`), before the model is built; a checkpoint's saved flags too."""
+    for config in ALL_CONFIGS:
+        values.check([f for f in dataclasses.fields(config) if not f.name.startswith("_")], args)
+
+
+def refuse_positions_removed(args):
+    """``--no-token-positional-embeddings`` (fairseq's) only with ``--position-encoding none``: it
+    removes the input embedding that sinusoidal, learned, floater and rnn are built on, and the
+    other encodings drop that embedding anyway (unless --keep-input-positions keeps it). Not for a
+    model rebuilt from a checkpoint, whose saved flags hold what ``build_model`` set."""
+    if _FROM_CHECKPOINT.get() or not getattr(args, "no_token_positional_embeddings", False):
+        return
+    model = f"--position-encoding {args.position_encoding}"
+    kept = get_position_encoding(args.position_encoding).input_embedding
+    if kept is not None:
+        raise PosencError(f"--no-token-positional-embeddings would remove the {kept} input position embedding that "
+                          f"{model} is built on: for a model without positions use --position-encoding none")
+    if args.keep_input_positions:
+        raise PosencError("--no-token-positional-embeddings contradicts --keep-input-positions: give one of them")
+    if args.position_encoding != "none":
+        raise PosencError(f"--no-token-positional-embeddings would change nothing: {model} drops fairseq's input "
+                          "position embedding anyway (it is for --position-encoding none)")
+
+
+def one_line_flag_errors():
+    """argparse prints its parser's whole usage (fairseq-train's: hundreds of lines) before the
+    error line; for a value of one of the plugin's flags (not of its type, not one of its choices)
+    only the error line, which names the flag, and argparse's exit status 2."""
+    original = argparse.ArgumentParser.error
+    if getattr(original, "posenc_one_line", False):
+        return
+    flags = {"--" + f.name.replace("_", "-") for config in ALL_CONFIGS for f in dataclasses.fields(config)}
+
+    @functools.wraps(original)
+    def error(self, message):
+        named = re.match(r"argument (--[\w-]+)", message)
+        if named and named.group(1) in flags:
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        original(self, message)
+
+    error.posenc_one_line = True
+    argparse.ArgumentParser.error = error

@@ -90,13 +90,6 @@ def lr_scale(solve_every: int, scale: Optional[float], warm_start: bool = False)
     return 1.0 if warm_start else min(float(solve_every), MAX_DEFAULT_LR_SCALE)
 
 
-def check(solve_every: int, scale: float):
-    if int(solve_every) != solve_every or solve_every < 1:
-        raise PosencError(f"--floater-solve-every must be a whole number >= 1, got {solve_every}")
-    if not (scale > 0 and math.isfinite(scale)):
-        raise PosencError(f"--floater-lr-scale must be a positive finite number, got {scale}")
-
-
 def rescale_on_load(ode, state_dict, prefix: str):
     """A load pre-hook of :class:`~.floater.FloaterODE`, for weights saved with a C other than the
     model's. Without ``--floater-lr-scale`` the model takes the stored C, so that a resumed run goes
