@@ -81,11 +81,16 @@ ALL_CONFIGS = (PosencConfig, PositionFlags)
 
 
 def set_defaults(args):
-    """Architecture-style defaults (``args.x = getattr(args, "x", default)``) for every flag."""
+    """Architecture-style defaults (``args.x = getattr(args, "x", default)``) for every flag, and
+    every value checked (:func:`check_values`, :func:`refuse_positions_removed`). Every architecture
+    calls it: fairseq-train's option parsing (``parse_args_and_arch``) refuses a value before the data
+    is read, and a model built from a namespace or a checkpoint is checked before it is built."""
     for config in ALL_CONFIGS:
         for f in dataclasses.fields(config):
             if not f.name.startswith("_"):
                 setattr(args, f.name, getattr(args, f.name, f.default))
+    check_values(args)
+    refuse_positions_removed(args)
 
 
 def flags_in_use(args) -> FrozenSet[str]:
@@ -181,7 +186,7 @@ def refuse_unused_flags(args):
 
 def check_values(args):
     """One line (:class:`PosencError`) for the first plugin flag whose value it does not take
-    (:mod:`..positions.values`), before the model is built; a checkpoint's saved flags too."""
+    (:mod:`..positions.values`); a checkpoint's saved flags too."""
     for config in ALL_CONFIGS:
         values.check([f for f in dataclasses.fields(config) if not f.name.startswith("_")], args)
 
