@@ -602,10 +602,11 @@ class FloaterPositionEncoding(PositionEncoding):
 
     def carried_options(self):
         """N, C and the warm start as the weights were trained with them (the ODE's and the
-        dynamics' extra state), whatever flags rebuilt the model."""
+        dynamics' extra state), and h's width as its weights have it, whatever flags rebuilt the model."""
         ode = self.solver
         carried = {**super().carried_options(), "floater_init_from": ode._warm_started}
         if getattr(ode, "dynamics", None) is not None:
+            carried["floater_hidden"] = ode.dynamics.fc1.out_features
             carried["floater_solve_every"] = ode._trained_every
             carried["floater_lr_scale"] = getattr(ode.dynamics, "_trained_scale", ode.lr_scale)
         return carried
