@@ -309,6 +309,11 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         self._generation = 0
         self._graph = None  # (generation, solution with autograd history) while training
         self._update = None  # the update fairseq's trainer runs, when it announced one
+        #: fairseq's count of finished updates, as last set (before a load: the checkpoint's)
+        self._updates_seen = 0
+        #: (N, update count) of a checkpoint loaded in the middle of a cycle, until training goes on
+        #: (:func:`.floater_schedule.resume_cycle`)
+        self._loaded_cycle = None
         self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module._refresh_for_saving())
         # --floater-solve-every N > 1 (floater_schedule.py)
         self.schedule = floater_schedule.SolveSchedule(int(solve_every)) if solve_every > 1 else None
@@ -337,6 +342,14 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         if self._update is not None and torch.is_grad_enabled():
             self._update.passes_left -= 1
 
+    def start_update(self, num_updates: int):
+        """fairseq's trainer starts an update, ``num_updates`` finished (:mod:`fairseq_posenc.update_hooks`,
+        before fairseq's ``train_step``): the first after a load mid-cycle decides what becomes of
+        the cycle (:func:`.floater_schedule.resume_cycle`)."""
+        if self._loaded_cycle is not None:
+            loaded, self._loaded_cycle = self._loaded_cycle, None
+            floater_schedule.resume_cycle(self, *loaded, num_updates)
+
     def begin_update(self, passes: int):
         """fairseq's trainer starts an update of ``passes`` forward/backward passes
         (``--update-freq``; see :mod:`fairseq_posenc.update_hooks`). The parameters stay fixed
@@ -352,7 +365,9 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
             self.schedule.begin_update()
 
     def set_num_updates(self, num_updates: int):
-        """fairseq's count of finished updates, set before each training pass."""
+        """fairseq's count of finished updates, set before each training pass (and by fairseq's
+        ``load_checkpoint`` to the checkpoint's, before its weights are loaded)."""
+        self._updates_seen = num_updates
         if self.schedule is not None:
             self.schedule.num_updates = num_updates
 
@@ -537,6 +552,9 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         pending = state_dict.pop(prefix + floater_schedule.PENDING, None)
         if self.schedule is not None:
             self.schedule.load(pending, self.initial.device)
+        saved_every = int(round(float(torch.as_tensor(state_dict[prefix + "_extra_state"]).reshape(-1)[0])))
+        mid_cycle = pending is not None and bool(pending.ne(0).any())
+        self._loaded_cycle = (saved_every, self._updates_seen) if mid_cycle else None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 

@@ -131,6 +131,28 @@ def rescale_on_load(ode, state_dict, prefix: str):
     state_dict[key] = torch.tensor(current, dtype=torch.float64)
 
 
+def resume_cycle(ode, saved_every: int, saved_at: int, num_updates: int):
+    """The first training pass after a checkpoint stopped in the middle of a cycle of N =
+    ``saved_every`` at update ``saved_at`` was loaded, at fairseq's update count ``num_updates``.
+    Where the count restarted (``--reset-optimizer``, ``--finetune-from-model``) the pending gradient
+    belongs to no cycle of this run: dropped, the run starts an empty cycle. Where it goes on, the
+    cycle is finished under its own N: another --floater-solve-every is refused, naming both (its
+    mean would divide the pending updates' gradient by the new N)."""
+    every = ode.schedule.every if ode.schedule is not None else 1
+    if num_updates != saved_at:
+        if ode.schedule is not None:
+            ode.schedule.load(None, ode.initial.device)
+        logger.info(f"--floater-solve-every: the update count restarts at {num_updates} (the checkpoint's was "
+                    f"{saved_at}): the gradient pending in its cycle is dropped, training starts an empty cycle")
+        return
+    if every != saved_every:
+        end = -(-saved_at // saved_every) * saved_every
+        raise PosencError(f"--floater-solve-every {every}: the checkpoint stopped at update {saved_at}, "
+                          f"{saved_at % saved_every} update(s) into a cycle of --floater-solve-every {saved_every} "
+                          f"whose gradient is pending; resume with --floater-solve-every {saved_every} (change it from "
+                          f"update {end}, the cycle's end, on), or restart the update count (--reset-optimizer)")
+
+
 def flow_parameters(ode) -> List[torch.nn.Parameter]:
     return [ode.get_parameter(name) for name in FLOW]
 
