@@ -32,12 +32,12 @@ import functools
 from torch import nn
 
 
-def start_update(model: nn.Module, num_updates: int):
-    """Call ``start_update(num_updates)`` on every submodule of ``model`` that defines it."""
-    for module in model.modules():
-        start = getattr(module, "start_update", None)
-        if callable(start):
-            start(num_updates)
+def start_update(trainer):
+    """Call ``start_update(num_updates)`` on every submodule of the trainer's model that defines it,
+    with the trainer's count of finished updates."""
+    starters = [m for m in trainer.model.modules() if callable(getattr(m, "start_update", None))]
+    for module in starters:
+        module.start_update(trainer.get_num_updates())
 
 
 def announce_update(model: nn.Module, passes: int):
@@ -88,7 +88,7 @@ def install():
     @functools.wraps(original)
     def train_step(self, samples, *args, **kwargs):
         # outside fairseq's train_step, whose failures write a crash.pt checkpoint
-        start_update(self.model, self.get_num_updates())
+        start_update(self)
         announce_update(self.model, len(samples))
         finishers = _finishers(self.model)
         if not finishers:
