@@ -13,7 +13,8 @@ from .values import Values
 @dataclass
 class DietAbsConfig(SharingConfig, BiasScaleConfig):
     diet_rank: Optional[int] = field(
-        default=None, metadata={"values": Values(low=1), "help": "diet_abs: rank k of P_Q P_K^T per head (DIET-ABS-Rank-k); default head dim"}
+        default=None, metadata={"values": Values(low=1),
+                                "help": "diet_abs: rank k of P_Q P_K^T per head (DIET-ABS-Rank-k); default head dim"}
     )
 
 

@@ -14,7 +14,8 @@ from .values import Values
 class RelativeDistanceConfig:
     max_relative_distance: Optional[int] = field(
         default=None,
-        metadata={"values": Values(low=1), "help": "clip relative offsets to [-K, K]. Default: 128 for diet_rel, 16 for shaw"},
+        metadata={"values": Values(low=1),
+                  "help": "clip relative offsets to [-K, K]. Default: 128 for diet_rel, 16 for shaw"},
     )
 
 

@@ -102,16 +102,19 @@ class FloaterConfig(PositionBlocksConfig):
                   "(--model-overrides) rescales them to compute the same"},
     )
     floater_solver: str = field(
-        default="rk4", metadata={"label": "solver {}", "values": Values(choices=FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS,
-                                                                         noun="a torchdiffeq method"),
+        default="rk4", metadata={"label": "solver {}",
+                                 "values": Values(choices=FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS,
+                                                  noun="a torchdiffeq method"),
                                  "help": "floater: torchdiffeq method, fixed-step " + ", ".join(FIXED_STEP_SOLVERS)
                                  + " or adaptive " + ", ".join(ADAPTIVE_SOLVERS)}
     )
     floater_step: Optional[float] = field(
-        default=None, metadata={"label": "step {}", "values": Values(low=0, above=True), "help": "floater: step of the fixed-step solvers (default dt / 5; "
+        default=None, metadata={"label": "step {}", "values": Values(low=0, above=True),
+                                "help": "floater: step of the fixed-step solvers (default dt / 5; "
                                 "refused with an adaptive solver, which chooses its own)"}
     )
-    floater_dt: float = field(default=0.1, metadata={"label": "dt {}", "values": Values(low=0, above=True), "help": "floater: time between two positions"})
+    floater_dt: float = field(default=0.1, metadata={"label": "dt {}", "values": Values(low=0, above=True),
+                                                     "help": "floater: time between two positions"})
     floater_dissipation: float = field(
         default=0.0,
         metadata={"label": "dissipation {}", "values": Values(low=0, why="0: the paper's FLOATER"),
@@ -127,7 +130,8 @@ class FloaterConfig(PositionBlocksConfig):
                   "Eq. 12, biases self-attention only)"},
     )
     floater_hidden: Optional[int] = field(
-        default=None, metadata={"values": Values(low=1), "help": "floater: hidden size of the dynamics h (default: the attention width)"}
+        default=None, metadata={"values": Values(low=1),
+                                "help": "floater: hidden size of the dynamics h (default: the attention width)"}
     )
     floater_adjoint: bool = field(
         default=False, metadata={"help": "floater: backpropagate with the adjoint method (less memory, more time)"}
@@ -746,6 +750,7 @@ def warm_start(model, path: str):
     if mismatched or missing or unexpected:
         details = "; ".join(f"{name}: {', '.join(keys[:3])}" for name, keys in
                             (("different shape", mismatched), ("missing", missing), ("unexpected", unexpected)) if keys)
-        raise PosencError(f"--floater-init-from: {path} is not a sinusoidal Transformer of this model's size ({details})")
+        raise PosencError(f"--floater-init-from: {path} is not a sinusoidal Transformer of this model's size "
+                          f"({details})")
     model.load_state_dict({**own, **vanilla}, strict=True)
     ode.reset_to_vanilla()

@@ -44,12 +44,14 @@ INPUTS = ("scalar", "vector")
 @dataclass
 class RNNConfig:
     rnn_layers: int = field(
-        default=1, metadata={"values": Values(low=1, high=2, why="Table 6's forms"), "help": "rnn: layers of the step p_i -> p_{i+1}, 1 or 2, each tanh(W [x; z_i] + b) "
+        default=1, metadata={"values": Values(low=1, high=2, why="Table 6's forms"),
+                             "help": "rnn: layers of the step p_i -> p_{i+1}, 1 or 2, each tanh(W [x; z_i] + b) "
                              "with x the state or the layer below"})
     rnn_input: ChoiceEnum(list(INPUTS)) = field(
         default="scalar", metadata={"help": "rnn: the input z_i, the scalar i * --rnn-dt or the sinusoidal vector of i"})
     rnn_dt: float = field(
-        default=0.1, metadata={"values": Values(low=0, above=True), "help": "rnn: the scalar input's step between positions (FLOATER's dt)"})
+        default=0.1, metadata={"values": Values(low=0, above=True),
+                               "help": "rnn: the scalar input's step between positions (FLOATER's dt)"})
 
 
 class Layer(nn.Module):

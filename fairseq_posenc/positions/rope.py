@@ -33,7 +33,8 @@ def rotation_rows(angles: Tensor) -> Tensor:
 
 @dataclass
 class RopeConfig:
-    rope_theta: float = field(default=10000.0, metadata={"values": Values(low=0, above=True), "help": "rope: base of the rotation frequencies"})
+    rope_theta: float = field(default=10000.0, metadata={"values": Values(low=0, above=True),
+                                                         "help": "rope: base of the rotation frequencies"})
 
 
 class RotaryPositionEncoding(PositionEncoding):

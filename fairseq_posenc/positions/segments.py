@@ -23,10 +23,12 @@ class SegmentConfig(BiasScaleConfig):
     without it, as an encoding's flags are with another encoding (models/config.py)."""
 
     segment_separator: str = field(
-        default="<sep>", metadata={"values": Values(token=True, why="a symbol of the source dictionary"), "help": "source token that ends a segment (--segment-attention)"}
+        default="<sep>", metadata={"values": Values(token=True, why="a symbol of the source dictionary"),
+                                   "help": "source token that ends a segment (--segment-attention)"}
     )
     max_segments: int = field(
-        default=8, metadata={"values": Values(low=1), "help": "segments with their own parameters; later ones share the last "
+        default=8, metadata={"values": Values(low=1),
+                             "help": "segments with their own parameters; later ones share the last "
                              "(--segment-attention)"}
     )
 
