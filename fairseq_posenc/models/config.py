@@ -191,12 +191,28 @@ def check_values(args):
         values.check([f for f in dataclasses.fields(config) if not f.name.startswith("_")], args)
 
 
+#: True while ``build_model`` applies the architecture to its namespace
+_IN_BUILD = contextvars.ContextVar("posenc_in_build", default=False)
+
+
+@contextlib.contextmanager
+def in_build():
+    """Within: ``build_model`` reads a namespace that may hold what it set itself before."""
+    token = _IN_BUILD.set(True)
+    try:
+        yield
+    finally:
+        _IN_BUILD.reset(token)
+
+
 def refuse_positions_removed(args):
     """``--no-token-positional-embeddings`` (fairseq's) only with ``--position-encoding none``: it
     removes the input embedding that sinusoidal, learned, floater and rnn are built on, and the
-    other encodings drop that embedding anyway (unless --keep-input-positions keeps it). Not for a
-    model rebuilt from a checkpoint, whose saved flags hold what ``build_model`` set."""
-    if _FROM_CHECKPOINT.get() or not getattr(args, "no_token_positional_embeddings", False):
+    other encodings drop that embedding anyway (unless --keep-input-positions keeps it). Checked
+    where the flags are the user's, when fairseq parses them (and ``from_flags``), not in
+    ``build_model``: it sets the flag itself for the encodings that drop the embedding, and a
+    namespace it built from (``model.args``, a checkpoint's saved flags) is rebuilt as it is."""
+    if _IN_BUILD.get() or _FROM_CHECKPOINT.get() or not getattr(args, "no_token_positional_embeddings", False):
         return
     model = f"--position-encoding {args.position_encoding}"
     kept = get_position_encoding(args.position_encoding).input_embedding

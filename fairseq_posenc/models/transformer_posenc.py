@@ -16,7 +16,7 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from ..positions import POSITION_ENCODINGS, get_position_encoding
 from ..compat import PosencError
-from .config import ALL_CONFIGS, refuse_unused_flags, set_defaults
+from .config import ALL_CONFIGS, in_build, refuse_unused_flags, set_defaults
 from .transformer_stacks import PosencTransformerDecoder, PosencTransformerEncoder
 
 
@@ -30,10 +30,12 @@ class PosencTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        posenc_base_architecture(args)
+        with in_build():
+            posenc_base_architecture(args)
         scheme = get_position_encoding(args.position_encoding)
         # The scheme decides fairseq's input position embedding; fairseq's own flags for it
-        # would contradict the one choice flag (--no-token-positional-embeddings: set_defaults).
+        # would contradict the one choice flag (--no-token-positional-embeddings: refused by
+        # set_defaults when the flags are parsed).
         learned = scheme.input_embedding == "learned"
         if (args.encoder_learned_pos or args.decoder_learned_pos) and not learned:
             raise PosencError(
