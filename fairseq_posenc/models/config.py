@@ -191,28 +191,31 @@ def check_values(args):
         values.check([f for f in dataclasses.fields(config) if not f.name.startswith("_")], args)
 
 
-#: True while ``build_model`` applies the architecture to its namespace
-_IN_BUILD = contextvars.ContextVar("posenc_in_build", default=False)
+#: set in a namespace where the command line gave --no-token-positional-embeddings
+POSITIONS_REMOVED_GIVEN = "posenc_no_token_positional_embeddings_given"
 
 
-@contextlib.contextmanager
-def in_build():
-    """Within: ``build_model`` reads a namespace that may hold what it set itself before."""
-    token = _IN_BUILD.set(True)
-    try:
-        yield
-    finally:
-        _IN_BUILD.reset(token)
+class _GivenStoreTrue(argparse._StoreTrueAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        setattr(namespace, POSITIONS_REMOVED_GIVEN, True)
+
+
+def mark_positions_removed_given(parser):
+    """fairseq's --no-token-positional-embeddings, once ``add_args`` added it, also records that the
+    command line gave it: ``build_model`` sets the flag itself for the encodings that drop the
+    input embedding, so its value alone cannot tell (a checkpoint's saved flags, ``model.args``)."""
+    for action in parser._actions:
+        if "--no-token-positional-embeddings" in action.option_strings:
+            action.__class__ = _GivenStoreTrue
 
 
 def refuse_positions_removed(args):
-    """``--no-token-positional-embeddings`` (fairseq's) only with ``--position-encoding none``: it
-    removes the input embedding that sinusoidal, learned, floater and rnn are built on, and the
-    other encodings drop that embedding anyway (unless --keep-input-positions keeps it). Checked
-    where the flags are the user's, when fairseq parses them (and ``from_flags``), not in
-    ``build_model``: it sets the flag itself for the encodings that drop the embedding, and a
-    namespace it built from (``model.args``, a checkpoint's saved flags) is rebuilt as it is."""
-    if _IN_BUILD.get() or _FROM_CHECKPOINT.get() or not getattr(args, "no_token_positional_embeddings", False):
+    """``--no-token-positional-embeddings`` (fairseq's) given on the command line, only with
+    ``--position-encoding none``: it removes the input embedding that sinusoidal, learned, floater
+    and rnn are built on, and the other encodings drop that embedding anyway (unless
+    --keep-input-positions keeps it)."""
+    if _FROM_CHECKPOINT.get() or not getattr(args, POSITIONS_REMOVED_GIVEN, False):
         return
     model = f"--position-encoding {args.position_encoding}"
     kept = get_position_encoding(args.position_encoding).input_embedding

@@ -16,7 +16,7 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from ..positions import POSITION_ENCODINGS, get_position_encoding
 from ..compat import PosencError
-from .config import ALL_CONFIGS, in_build, refuse_unused_flags, set_defaults
+from .config import ALL_CONFIGS, mark_positions_removed_given, refuse_unused_flags, set_defaults
 from .transformer_stacks import PosencTransformerDecoder, PosencTransformerEncoder
 
 
@@ -25,13 +25,13 @@ class PosencTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
+        mark_positions_removed_given(parser)
         for config in ALL_CONFIGS:
             gen_parser_from_dataclass(parser, config(), delete_default=True, with_prefix="")
 
     @classmethod
     def build_model(cls, args, task):
-        with in_build():
-            posenc_base_architecture(args)
+        posenc_base_architecture(args)
         scheme = get_position_encoding(args.position_encoding)
         # The scheme decides fairseq's input position embedding; fairseq's own flags for it
         # would contradict the one choice flag (--no-token-positional-embeddings: refused by
