@@ -6,6 +6,10 @@ A module that can share work between them (FLOATER solves its ODE once per updat
 per pass) defines ``begin_update(passes)``; the wrapper installed here calls it at the start of
 every ``train_step``. Modules without the method never notice.
 
+A module that needs fairseq's count of finished updates before an update begins (FLOATER's
+``--floater-solve-every``, to tell a resumed cycle from a restarted count) defines
+``start_update(num_updates)``: the wrapper calls it first, before fairseq's ``train_step`` runs.
+
 A module that adds gradients of its own once the update's are complete (FLOATER's
 ``--floater-solve-every``: the gradient of several updates, backpropagated once) defines
 ``finish_update(scale, trainer)``: the wrapper calls it right after the trainer's
@@ -26,6 +30,14 @@ parameters anyway.
 import functools
 
 from torch import nn
+
+
+def start_update(trainer):
+    """Call ``start_update(num_updates)`` on every submodule of the trainer's model that defines it,
+    with the trainer's count of finished updates."""
+    starters = [m for m in trainer.model.modules() if callable(getattr(m, "start_update", None))]
+    for module in starters:
+        module.start_update(trainer.get_num_updates())
 
 
 def announce_update(model: nn.Module, passes: int):
@@ -75,6 +87,8 @@ def install():
 
     @functools.wraps(original)
     def train_step(self, samples, *args, **kwargs):
+        # outside fairseq's train_step, whose failures write a crash.pt checkpoint
+        start_update(self)
         announce_update(self.model, len(samples))
         finishers = _finishers(self.model)
         if not finishers:

@@ -23,13 +23,18 @@ spec, out_path = sys.argv[1:3]
 jobs, results = json.load(open(spec)), {}
 for name, cli, argv in jobs:
     sys.argv = [cli, *argv]
-    out = io.StringIO()
+    out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out):  # fairseq-generate prints its hypotheses
+        # fairseq-generate prints its hypotheses; fairseq's log goes to the stdout it was set up with
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             {"fairseq-train": train.cli_main, "fairseq-generate": generate.cli_main}[cli]()
-        results[name] = {"ok": True, "stdout": out.getvalue()}
-    except BaseException:  # argparse's SystemExit too
-        results[name] = {"ok": False, "stdout": out.getvalue(), "error": traceback.format_exc()}
+        results[name] = {"ok": True, "stdout": out.getvalue(), "stderr": err.getvalue()}
+    except BaseException as error:  # argparse's SystemExit too
+        if not isinstance(error, SystemExit):
+            with contextlib.redirect_stderr(err):  # what the console script would print on its way out
+                sys.excepthook(*sys.exc_info())
+        results[name] = {"ok": False, "stdout": out.getvalue(), "stderr": err.getvalue(),
+                         "error": traceback.format_exc()}
     with open(out_path, "w") as f:  # after each run: a crash of the process leaves the runs before it
         json.dump(results, f)
 """
@@ -45,7 +50,8 @@ def generate_command(data_bin: str, checkpoint: str, flags: Sequence[str]) -> Li
 
 def run_all(jobs: Sequence[Tuple[str, str, List[str]]], workdir: str) -> Dict[str, dict]:
     """``jobs``: (name, "fairseq-train" or "fairseq-generate", its arguments after the command
-    name). Returns {name: {"ok", "stdout", and "error" where it failed}}; a run missing from the
+    name). Returns {name: {"ok", "stdout", "stderr" (as the console script prints it: a failure through
+    ``sys.excepthook``), and "error" (the traceback) where it failed}}; a run missing from the
     result is one the process did not reach (its log is ``workdir/runs.log``)."""
     os.makedirs(workdir, exist_ok=True)
     spec, out, log = (os.path.join(workdir, name) for name in ("runs.json", "results.json", "runs.log"))

@@ -150,7 +150,7 @@ def test_warm_start_refuses_a_model_of_another_size(tmp_path):
     with pytest.raises(ValueError, match=r"not a sinusoidal Transformer of this model's size \(different shape: "
                                          r"encoder.layers.0.fc1.weight"):
         floater("--floater-init-from", path)
-    with pytest.raises(FileNotFoundError, match="--floater-init-from: no checkpoint at"):
+    with pytest.raises(PosencError, match="--floater-init-from: no checkpoint at"):
         floater("--floater-init-from", str(tmp_path / "missing.pt"))
 
 

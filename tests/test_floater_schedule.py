@@ -10,6 +10,7 @@ import torch
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions.floater_schedule import PENDING, SolveSchedule
+from fairseq_runs import outcome, run_all, train_command
 from floater_trainer import FLOW
 from fairseq_posenc.update_hooks import announce_update, finish_update
 from tolerances import EPS32, assert_within, float32_tolerance, magnitude, transformer_terms
@@ -67,7 +68,7 @@ def test_solving_every_update_is_todays_model_bit_for_bit():
 
 
 def test_bad_values_are_refused():
-    with pytest.raises(PosencError, match="--floater-solve-every must be a whole number >= 1"):
+    with pytest.raises(PosencError, match="--floater-solve-every must be positive, got 0"):
         floater("--floater-solve-every", "0")
     with pytest.raises(PosencError, match="--floater-lr-scale must be a positive finite number"):
         floater("--floater-lr-scale", "-2")
@@ -333,8 +334,16 @@ def _train(data_bin, save_dir, max_update, records):
     return torch.load(records)
 
 
-def test_fairseq_train_moves_the_flow_model_every_n_updates_and_resumes_mid_cycle(data_bin, tmp_path):
-    records = _train(data_bin, str(tmp_path / "whole"), 8, str(tmp_path / "whole.pt"))
+@pytest.fixture(scope="module")
+def whole(data_bin, tmp_path_factory):
+    """A run of N = 3 with records, 8 updates, checkpointed at update 4 (one update into the cycle of
+    updates 4-6: its gradient pending)."""
+    root = tmp_path_factory.mktemp("whole")
+    return root, _train(data_bin, str(root / "whole"), 8, str(root / "whole.pt"))
+
+
+def test_fairseq_train_moves_the_flow_model_every_n_updates_and_resumes_mid_cycle(data_bin, whole, tmp_path):
+    root, records = whole
     updates = [r for r in records if "update" in r]
     assert [r["update"] for r in updates] == list(range(8))
     for r, following in zip(updates, updates[1:]):
@@ -347,7 +356,7 @@ def test_fairseq_train_moves_the_flow_model_every_n_updates_and_resumes_mid_cycl
     # run's last update, not left in the checkpoint
     last = updates[-1]
     assert sorted(last["grads"]) == sorted(last["before"])
-    final = torch.load(str(tmp_path / "whole" / "checkpoint_last.pt"))["model"]
+    final = torch.load(str(root / "whole" / "checkpoint_last.pt"))["model"]
     assert not final[ODE + PENDING].any()
     assert all(not torch.equal(final[ODE + n], last["before"][n]) for n in last["before"])
     validations = [r for r in records if "validation" in r]
@@ -361,7 +370,7 @@ def test_fairseq_train_moves_the_flow_model_every_n_updates_and_resumes_mid_cycl
     # preemption: a run that ends at --max-update 4 applies that cycle instead); once more with the
     # pending gradient removed from the checkpoint (what a resume without it would do)
     split, dropped = str(tmp_path / "split"), str(tmp_path / "dropped")
-    saved = torch.load(str(tmp_path / "whole" / "checkpoint_1_4.pt"))
+    saved = torch.load(str(root / "whole" / "checkpoint_1_4.pt"))
     assert saved["model"][ODE + PENDING].abs().max() > 0
     os.makedirs(split)
     torch.save(saved, os.path.join(split, "checkpoint_last.pt"))
@@ -372,7 +381,7 @@ def test_fairseq_train_moves_the_flow_model_every_n_updates_and_resumes_mid_cycl
         _train(data_bin, save_dir, 8, str(tmp_path / "second.pt"))
 
     def differences(save_dir):
-        whole = torch.load(str(tmp_path / "whole" / "checkpoint_last.pt"))["model"]
+        whole = torch.load(str(root / "whole" / "checkpoint_last.pt"))["model"]
         resumed = torch.load(os.path.join(save_dir, "checkpoint_last.pt"))["model"]
         return {name: (resumed[name] - whole[name]).abs().max().item() for name in whole
                 if name.endswith(".weight") or name == ODE + "initial"}
@@ -449,3 +458,67 @@ def test_a_flow_update_over_one_position_gives_h_zero_gradients():
     assert torch.equal(grads[0], 2 * mean[0])
     for name, g in zip(FLOW[1:], grads[1:]):
         assert g.shape == ode.get_parameter(name).shape and not g.any(), name
+
+
+# --- resuming a cycle through fairseq-train: with another N, or with the update count restarted ---
+
+def _cycle_run(data_bin, save_dir, every, max_update, *flags):
+    """fairseq-train as ``_train`` runs it, N = ``every``, without records."""
+    return ("fairseq-train", train_command(data_bin, save_dir, [
+        "--arch", "transformer_posenc", "--position-encoding", "floater", "--floater-solve-every", str(every), "--cpu",
+        *TINY, "--dropout", "0.1", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "200", "--update-freq", "2",
+        "--max-update", str(max_update), "--disable-validation", "--no-progress-bar", "--seed", "1", "--num-workers",
+        "0", "--no-epoch-checkpoints", *flags]))
+
+
+@pytest.fixture(scope="module")
+def mid_cycle(data_bin, whole):
+    """From the checkpoint of update 4 of ``whole`` (N = 3, one update into its cycle): runs resumed
+    with N = 4 and N = 1, and runs that restart the update count (--reset-optimizer,
+    --finetune-from-model) from it and from a copy without its pending gradient, in one process."""
+    root = whole[0]
+    saved = root / "whole" / "checkpoint_1_4.pt"
+    state = torch.load(saved, weights_only=False)
+    without = root / "without.pt"
+    state["model"] = {k: v for k, v in state["model"].items() if k != ODE + PENDING}
+    torch.save(state, without)
+    jobs = [(f"N={n}", *_cycle_run(data_bin, str(root / f"n{n}"), n, 6, "--restore-file", str(saved)))
+            for n in (4, 1)]
+    for checkpoint, name in ((saved, "pending"), (without, "without")):
+        jobs += [(f"reset {name}", *_cycle_run(data_bin, str(root / f"reset_{name}"), 3, 3, "--restore-file",
+                                               str(checkpoint), "--reset-optimizer")),
+                 (f"finetune {name}", *_cycle_run(data_bin, str(root / f"finetune_{name}"), 3, 3,
+                                                  "--finetune-from-model", str(checkpoint)))]
+    return root, torch.load(saved, weights_only=False)["model"], run_all(jobs, str(root / "runs"))
+
+
+@pytest.mark.parametrize("every", [4, 1])
+def test_a_resume_mid_cycle_with_another_n_is_refused_naming_both(mid_cycle, every):
+    """Stopped one update into a cycle of N = 3, resumed with N = 4 the pending update's gradient was
+    divided by 4 with the new cycle's (N = 1: dropped), without a word. Refused before the first
+    update: nothing written, not even fairseq's crash.pt."""
+    root, saved, results = mid_cycle
+    assert saved[ODE + PENDING].abs().max() > 0
+    result = results[f"N={every}"]
+    assert not result["ok"] and "Traceback" not in result["stderr"]
+    assert result["stderr"].strip().splitlines()[-1] == (
+        f"fairseq-train: error: --floater-solve-every {every}: the checkpoint stopped at update 4, 1 update(s) into "
+        "a cycle of --floater-solve-every 3 whose gradient is pending; resume with --floater-solve-every 3 (change "
+        "it from update 6, the cycle's end, on), or restart the update count (--reset-optimizer)")
+    assert os.listdir(root / f"n{every}") == []
+
+
+@pytest.mark.parametrize("reset", ["reset", "finetune"])
+def test_a_restarted_update_count_starts_an_empty_cycle(mid_cycle, reset):
+    """--reset-optimizer and --finetune-from-model restart fairseq's count at 0: the first cycle
+    (updates 1-3) is its own three updates, as from the checkpoint without its pending gradient, bit
+    for bit; before, the checkpoint's pending update was added to it (four gradients over 3)."""
+    root, saved, results = mid_cycle
+    outcome(results, f"{reset} pending")
+    outcome(results, f"{reset} without")
+    got, want = (torch.load(root / f"{reset}_{name}" / "checkpoint_last.pt", weights_only=False)
+                 for name in ("pending", "without"))
+    assert got["optimizer_history"][-1]["num_updates"] == 3
+    for name in FLOW:
+        assert not torch.equal(want["model"][ODE + name], saved[ODE + name]), name  # the flow model moved
+        assert torch.equal(got["model"][ODE + name], want["model"][ODE + name]), name

@@ -19,6 +19,7 @@ from fairseq_posenc.labels import UNLABELLED, describe, model_forms, model_label
 from fairseq_posenc.models.config import PosencConfig
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.segments import SegmentBias
+from fairseq_posenc.positions.values import value_type
 from fairseq_runs import outcome, run_all, train_command
 from tolerances import assert_within, magnitude
 from toy import build_model, full_log_probs, toy_batch
@@ -130,6 +131,25 @@ def _alternatives(field, published, vanilla):
     pytest.fail(f"the walk has no value to try for --{field.name.replace('_', '-')}: add some to STRINGS")
 
 
+def _neighbours(field, value, published, others):
+    """Other values of an option beside ``value``, for the labels to tell apart: a float's neighbour
+    within 1e-7 (6 significant digits printed 20000 and 20000.002 alike), a whole number's next ones,
+    a choice's other choices; none for a switch, the warm start's file (named "warm start") and the
+    options UNLABELLED exempts."""
+    if isinstance(value, bool) or field.name == "floater_init_from" or field.name in UNLABELLED:
+        return []
+    if isinstance(value, float):
+        return [value * (1 + 1e-7)]
+    if isinstance(value, int):
+        return [v for v in (value + 1, value - 1) if v != published]
+    return [v for v in others if v != value]
+
+
+def _every_field():
+    configs = [e.config for e in POSITION_ENCODINGS.values() if e.config] + [PosencConfig, SegmentBias.config]
+    return [f for config in configs for f in dataclasses.fields(config) if not f.name.startswith("_")]
+
+
 def _flag(name, value):
     flag = "--" + name.replace("_", "-")
     return [flag] if value is True else [flag, str(value)]
@@ -177,7 +197,7 @@ def test_every_option_of_every_encoding_changes_its_label(tmp_path):
     where the label stays. An option the model refuses as changing nothing is not its option."""
     vanilla = str(tmp_path / "vanilla.pt")
     torch.save({"model": _build("--position-encoding", "sinusoidal").state_dict()}, vanilla)
-    walked, refused = set(), []
+    walked, refused, told_apart = set(), [], set()
     for encoding in POSITION_ENCODINGS:
         for base, published_label, options in _options(encoding):
             for field, published in options:
@@ -202,6 +222,15 @@ def test_every_option_of_every_encoding_changes_its_label(tmp_path):
                         shown = describe(field, True if field.name == "floater_init_from" else value)
                         assert got != published_label and shown in model_forms(model), (
                             encoding, field.name, value, got)
+                    others = _alternatives(field, published, vanilla)
+                    for neighbour in _neighbours(field, value, published, others):
+                        try:
+                            other = model_label(_build(*base, *_flag(field.name, neighbour)))
+                        except ValueError:  # not a value of this option (PosencError too)
+                            continue
+                        # two values, two labels, neither the published form's
+                        assert len({got, other, published_label}) == 3, (encoding, field.name, value, neighbour, got)
+                        told_apart.add(field.name)
                     break
                 else:
                     pytest.fail(f"{encoding}: no value of --{field.name} builds a model: "
@@ -209,6 +238,11 @@ def test_every_option_of_every_encoding_changes_its_label(tmp_path):
     every = {f.name for e in POSITION_ENCODINGS.values() if e.config for f in dataclasses.fields(e.config)}
     every |= {f.name for f in dataclasses.fields(PosencConfig) + dataclasses.fields(SegmentBias.config)}
     assert walked == every - {"_name", "position_encoding"}
+    # every option with a number (a switch has one other value, a file is named "warm start") was told
+    # apart from its neighbour; choices where there are two other than the published
+    numbers = {f.name for f in _every_field() if value_type(f) in (int, float)} - set(UNLABELLED)
+    assert numbers - {"rnn_layers"} <= told_apart, numbers - told_apart  # rnn takes 1 (published) or 2
+    assert {"alibi_encoder", "position_sharing", "floater_solver"} <= told_apart
     assert set(UNLABELLED) <= every  # no stale reason
     # --keep-input-positions: refused where the encoding keeps fairseq's input embedding anyway
     assert {e for e, name in refused} == {e for e, s in POSITION_ENCODINGS.items() if s.input_embedding}

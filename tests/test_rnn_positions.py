@@ -51,8 +51,8 @@ def test_the_models_position_parameters_at_d512_are_table_6s():
     assert count("--position-encoding", "rnn", "--rnn-layers", "2") == (526_336, states)  # two of them: 526.3K
     # Linear(1024 -> 512); the paper prints 1,050.0K (docs/floater.md)
     assert count("--position-encoding", "rnn", "--rnn-input", "vector") == (524_800, states)
-    with pytest.raises(ValueError, match="--rnn-layers must be 1 or 2"):
-        RNNPositions(36, 512, 3, False, dt=0.1)
+    with pytest.raises(ValueError, match=r"--rnn-layers must be 1 or 2 \(Table 6's forms\), got 3"):
+        count("--position-encoding", "rnn", "--rnn-layers", "3")
 
 
 @pytest.mark.parametrize("flags, message", [

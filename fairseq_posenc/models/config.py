@@ -9,10 +9,12 @@ only where the encoding drops fairseq's input embedding), the fields of its enco
 and with ``--segment-attention`` the fields of the segment bias's ``config``. A new encoding's
 flags are refused with every other encoding as soon as its ``config`` declares them.
 """
+import argparse
 import contextlib
 import contextvars
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import FrozenSet, Optional
 
@@ -21,6 +23,8 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from ..compat import PosencError
 from ..positions import POSITION_ENCODINGS, get_position_encoding
 from ..positions.segments import SegmentBias
+from ..positions import values
+from ..positions.values import Values
 
 PositionEncodingChoice = ChoiceEnum(list(POSITION_ENCODINGS))
 
@@ -41,7 +45,7 @@ class PosencConfig(FairseqDataclass):
     attention_head_dim: Optional[int] = field(
         default=None,
         metadata={
-            "label": "head size {}",
+            "label": "head size {}", "values": Values(low=1),
             "help": "size of each attention head, independent of embed dim / heads "
             "(Bhojanapalli et al., 2020); logits scaled by 1/sqrt(N). Default: embed dim / heads"
         },
@@ -77,11 +81,16 @@ ALL_CONFIGS = (PosencConfig, PositionFlags)
 
 
 def set_defaults(args):
-    """Architecture-style defaults (``args.x = getattr(args, "x", default)``) for every flag."""
+    """Architecture-style defaults (``args.x = getattr(args, "x", default)``) for every flag, and
+    every value checked (:func:`check_values`, :func:`refuse_positions_removed`). Every architecture
+    calls it: fairseq-train's option parsing (``parse_args_and_arch``) refuses a value before the data
+    is read, and a model built from a namespace or a checkpoint is checked before it is built."""
     for config in ALL_CONFIGS:
         for f in dataclasses.fields(config):
             if not f.name.startswith("_"):
                 setattr(args, f.name, getattr(args, f.name, f.default))
+    check_values(args)
+    refuse_positions_removed(args)
 
 
 def flags_in_use(args) -> FrozenSet[str]:
@@ -173,3 +182,68 @@ def refuse_unused_flags(args):
             else:
                 why = f"{model} does not use it"
             raise PosencError(f"{_flag(f.name, value)} would change nothing: {why} (it is for {_takers(f.name)})")
+
+
+def check_values(args):
+    """One line (:class:`PosencError`) for the first plugin flag whose value it does not take
+    (:mod:`..positions.values`); a checkpoint's saved flags too."""
+    for config in ALL_CONFIGS:
+        values.check([f for f in dataclasses.fields(config) if not f.name.startswith("_")], args)
+
+
+#: set in a namespace where the command line gave --no-token-positional-embeddings
+POSITIONS_REMOVED_GIVEN = "posenc_no_token_positional_embeddings_given"
+
+
+class _GivenStoreTrue(argparse._StoreTrueAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        setattr(namespace, POSITIONS_REMOVED_GIVEN, True)
+
+
+def mark_positions_removed_given(parser):
+    """fairseq's --no-token-positional-embeddings, once ``add_args`` added it, also records that the
+    command line gave it: ``build_model`` sets the flag itself for the encodings that drop the
+    input embedding, so its value alone cannot tell (a checkpoint's saved flags, ``model.args``)."""
+    for action in parser._actions:
+        if "--no-token-positional-embeddings" in action.option_strings:
+            action.__class__ = _GivenStoreTrue
+
+
+def refuse_positions_removed(args):
+    """``--no-token-positional-embeddings`` (fairseq's) given on the command line, only with
+    ``--position-encoding none``: it removes the input embedding that sinusoidal, learned, floater
+    and rnn are built on, and the other encodings drop that embedding anyway (unless
+    --keep-input-positions keeps it)."""
+    if _FROM_CHECKPOINT.get() or not getattr(args, POSITIONS_REMOVED_GIVEN, False):
+        return
+    model = f"--position-encoding {args.position_encoding}"
+    kept = get_position_encoding(args.position_encoding).input_embedding
+    if kept is not None:
+        raise PosencError(f"--no-token-positional-embeddings would remove the {kept} input position embedding that "
+                          f"{model} is built on: for a model without positions use --position-encoding none")
+    if args.keep_input_positions:
+        raise PosencError("--no-token-positional-embeddings contradicts --keep-input-positions: give one of them")
+    if args.position_encoding != "none":
+        raise PosencError(f"--no-token-positional-embeddings would change nothing: {model} drops fairseq's input "
+                          "position embedding anyway (it is for --position-encoding none)")
+
+
+def one_line_flag_errors():
+    """argparse prints its parser's whole usage (fairseq-train's: hundreds of lines) before the
+    error line; for a value of one of the plugin's flags (not of its type, not one of its choices)
+    only the error line, which names the flag, and argparse's exit status 2."""
+    original = argparse.ArgumentParser.error
+    if getattr(original, "posenc_one_line", False):
+        return
+    flags = {"--" + f.name.replace("_", "-") for config in ALL_CONFIGS for f in dataclasses.fields(config)}
+
+    @functools.wraps(original)
+    def error(self, message):
+        named = re.match(r"argument (--[\w-]+)", message)
+        if named and named.group(1) in flags:
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        original(self, message)
+
+    error.posenc_one_line = True
+    argparse.ArgumentParser.error = error

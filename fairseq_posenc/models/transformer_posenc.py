@@ -15,7 +15,8 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..positions import POSITION_ENCODINGS, get_position_encoding
-from .config import ALL_CONFIGS, refuse_unused_flags, set_defaults
+from ..compat import PosencError
+from .config import ALL_CONFIGS, mark_positions_removed_given, refuse_unused_flags, set_defaults
 from .transformer_stacks import PosencTransformerDecoder, PosencTransformerEncoder
 
 
@@ -24,6 +25,7 @@ class PosencTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
+        mark_positions_removed_given(parser)
         for config in ALL_CONFIGS:
             gen_parser_from_dataclass(parser, config(), delete_default=True, with_prefix="")
 
@@ -32,10 +34,11 @@ class PosencTransformerModel(TransformerModel):
         posenc_base_architecture(args)
         scheme = get_position_encoding(args.position_encoding)
         # The scheme decides fairseq's input position embedding; fairseq's own flags for it
-        # would contradict the one choice flag.
+        # would contradict the one choice flag (--no-token-positional-embeddings: refused by
+        # set_defaults when the flags are parsed).
         learned = scheme.input_embedding == "learned"
         if (args.encoder_learned_pos or args.decoder_learned_pos) and not learned:
-            raise ValueError(
+            raise PosencError(
                 "use --position-encoding learned instead of --encoder-learned-pos/--decoder-learned-pos"
             )
         args.encoder_learned_pos = args.decoder_learned_pos = learned

@@ -30,7 +30,8 @@ def _wrap_layer(layer, cfg):
 
 
 def _head_dim(cfg, layers_cfg):
-    return getattr(cfg, "attention_head_dim", None) or layers_cfg.embed_dim // layers_cfg.attention_heads
+    head_dim = getattr(cfg, "attention_head_dim", None)
+    return layers_cfg.embed_dim // layers_cfg.attention_heads if head_dim is None else head_dim
 
 
 def _build_position_encoding(cfg, side, layers_cfg):
@@ -98,7 +99,7 @@ class PosencTransformerEncoder(LongestTrained, TransformerEncoderBase):
         if getattr(cfg, "segment_attention", False):
             separator = dictionary.index(cfg.segment_separator)
             if separator == dictionary.unk():
-                raise ValueError(
+                raise PosencError(
                     f"--segment-separator {cfg.segment_separator!r} is not in the source dictionary; "
                     "it must be a token of the preprocessed data"
                 )

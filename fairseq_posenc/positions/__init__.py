@@ -4,6 +4,7 @@
 attention layers only ever talk to the :class:`PositionEncoding` interface, and each scheme's
 flags come from its own ``config`` dataclass.
 """
+from ..compat import PosencError
 from .alibi import ALiBi
 from .base import AttentionPositions, PositionEncoding
 from .diet_abs import DietAbs
@@ -36,7 +37,7 @@ def get_position_encoding(name: str) -> type:
     try:
         return POSITION_ENCODINGS[name]
     except KeyError:
-        raise ValueError(
+        raise PosencError(
             f"unknown --position-encoding {name!r}; choose one of: {', '.join(POSITION_ENCODINGS)}"
         ) from None
 

@@ -54,6 +54,7 @@ from torch import Tensor
 
 from ..compat import PosencError
 from .base import PositionEncoding, at_least_float32
+from .values import Values
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ LEGACY_ENCODER_FORM = "symmetric"
 class ALiBiConfig:
     alibi_encoder: str = field(
         default=DEFAULT_ENCODER_FORM,
-        metadata={"label": "{}",
+        metadata={"label": "{}", "values": Values(choices=ENCODER_FORMS, noun="a form"),
                   "help": "alibi: the encoder's bias, one of " + ", ".join(ENCODER_FORMS) + ". symmetric "
                   "(default, the published form: MosaicBERT, JinaBERT-v2, data2vec 2.0, x-transformers): "
                   "-m|i-j| in every head, equivariant to reversing the sentence; split: even heads see only "
@@ -157,10 +158,8 @@ class ALiBi(PositionEncoding):
         return {**super().carried_options(), "alibi_encoder": form}
 
     def _check_form(self, form: str) -> str:
-        if form not in ENCODER_FORMS:
-            raise ValueError(f"--alibi-encoder {form!r} is not a form; choose one of {', '.join(ENCODER_FORMS)}")
         if form == "split" and self.num_heads < 2:
-            raise ValueError(f"--alibi-encoder split needs at least 2 encoder attention heads, one per side, got "
+            raise PosencError(f"--alibi-encoder split needs at least 2 encoder attention heads, one per side, got "
                              f"{self.num_heads}; one head would see only the left (a causal encoder)")
         return form
 

@@ -29,6 +29,7 @@ from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
 from ..compat import PosencError
+from . import values
 from .kept import ForgetsKeptOnCopy, KeptFrom, kept_key
 
 #: positions a table covers at least when it is kept for decoding
@@ -137,6 +138,8 @@ class PositionEncoding(ForgetsKeptOnCopy, nn.Module):
         self.head_dim = head_dim
         self.max_positions = getattr(cfg, "max_source_positions" if side == "encoder" else "max_target_positions", None)
         self.length_flag = "--max-source-positions" if side == "encoder" else "--max-target-positions"
+        if self.config is not None:  # a scheme built by hand: a model checked them before (values.py)
+            values.check(dataclasses.fields(self.config), cfg)
         self._forget_kept()
         # where the module lives, for the key of its kept tables (a scheme may have no parameters)
         self.register_buffer("_placement", torch.zeros(()), persistent=False)
@@ -146,8 +149,6 @@ class PositionEncoding(ForgetsKeptOnCopy, nn.Module):
         self.options = {f.name: getattr(cfg, f.name, f.default)
                         for f in (dataclasses.fields(self.config) if self.config else ())}
         blocks = getattr(cfg, "position_blocks", None)
-        if blocks is not None and blocks not in POSITION_BLOCKS:
-            raise PosencError(f"--position-blocks must be one of {', '.join(POSITION_BLOCKS)}, got {blocks!r}")
         #: "input" or "all" (see ``default_blocks``)
         self.position_blocks = blocks or self.default_blocks
 

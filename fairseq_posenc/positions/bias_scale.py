@@ -27,6 +27,8 @@ from typing import Tuple
 
 import torch
 
+from .values import Values
+
 logger = logging.getLogger(__name__)
 
 FLAG = "--position-bias-scale"
@@ -37,7 +39,7 @@ class BiasScaleConfig:
     position_bias_scale: float = field(
         default=1.0,
         metadata={
-            "label": "bias scale {}",
+            "label": "bias scale {}", "values": Values(low=0, above=True),
             "help": "S > 0: learn the learned attention-logit biases S times faster under Adam, as "
             "bias = S * w with w initialised at init / S (the model at step 0 is unchanged). t5: its "
             "per-bucket biases; diet_rel: its per-offset biases; diet_abs: P_Q and P_K each, so the "

@@ -7,12 +7,14 @@ import torch.nn as nn
 from .base import PositionEncoding, at_least_float32, gather_square
 from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
 from .sharing import SharingConfig, resolve_sharing
+from .values import Values
 
 
 @dataclass
 class DietAbsConfig(SharingConfig, BiasScaleConfig):
     diet_rank: Optional[int] = field(
-        default=None, metadata={"help": "diet_abs: rank k of P_Q P_K^T per head (DIET-ABS-Rank-k); default head dim"}
+        default=None, metadata={"values": Values(low=1),
+                                "help": "diet_abs: rank k of P_Q P_K^T per head (DIET-ABS-Rank-k); default head dim"}
     )
 
 
@@ -40,8 +42,6 @@ class DietAbs(ScaledBiases, PositionEncoding):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
         self.sharing, groups, heads = resolve_sharing(self.option("position_sharing"), num_layers, num_heads)
         self.rank = self.option("diet_rank")
-        if self.rank <= 0:
-            raise ValueError(f"--diet-rank must be positive, got {self.rank}")
         self.bias_scale = bias_scale(cfg)
         # (groups, positions, heads, rank)
         self.p_q = nn.Parameter(torch.empty(groups, self.max_positions, heads, self.rank))

@@ -7,13 +7,15 @@ import torch.nn as nn
 from .base import PositionEncoding
 from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
 from .sharing import SharingConfig, resolve_sharing
+from .values import Values
 
 
 @dataclass
 class RelativeDistanceConfig:
     max_relative_distance: Optional[int] = field(
         default=None,
-        metadata={"help": "clip relative offsets to [-K, K]. Default: 128 for diet_rel, 16 for shaw"},
+        metadata={"values": Values(low=1),
+                  "help": "clip relative offsets to [-K, K]. Default: 128 for diet_rel, 16 for shaw"},
     )
 
 
@@ -34,8 +36,6 @@ class DietRel(ScaledBiases, PositionEncoding):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
         self.sharing, groups, heads = resolve_sharing(self.option("position_sharing"), num_layers, num_heads)
         self.max_distance = self.option("max_relative_distance")
-        if self.max_distance <= 0:
-            raise ValueError(f"--max-relative-distance must be positive, got {self.max_distance}")
         self.bias_scale = bias_scale(cfg)
         # (groups, heads, 2K + 1): index K + (i - j)
         self.weight = nn.Parameter(torch.empty(groups, heads, 2 * self.max_distance + 1))

@@ -34,6 +34,7 @@ from ..compat import PosencError
 from . import floater_schedule
 from .base import MIN_TABLE, PositionBlocksConfig, PositionEncoding, at_least_float32, cast
 from .kept import ForgetsKeptOnCopy, KeptFrom, kept_key, saving
+from .values import Values
 
 FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
@@ -71,14 +72,14 @@ def stability_limit(order: int) -> float:
 class FloaterConfig(PositionBlocksConfig):
     floater_init_from: Optional[str] = field(
         default=None,
-        metadata={"label": "warm start",
+        metadata={"label": "warm start", "values": Values(file=True),
                   "help": "floater: warm start from this checkpoint of a sinusoidal transformer_posenc or "
                   "fairseq transformer of the same size; h's output layer and the initial states start at "
                   "0 (the vanilla model exactly), h's hidden layer keeps its random initialisation"},
     )
     floater_solve_every: int = field(
         default=1,
-        metadata={"label": "solve every {}",
+        metadata={"label": "solve every {}", "values": Values(low=1),
                   "help": "floater: update the flow model (h and the initial states) every N updates (Sec. 4.4); "
                   "in between, training reads the solution kept since its last update and the gradient on it "
                   "accumulates, to be backpropagated through one solve at every N-th update, in which h and the "
@@ -88,7 +89,7 @@ class FloaterConfig(PositionBlocksConfig):
     )
     floater_lr_scale: Optional[float] = field(
         default=None,
-        metadata={"label": "lr scale {}",
+        metadata={"label": "lr scale {}", "values": Values(low=0, above=True),
                   "help": "floater: h's weights and the initial states W are stored as V with W = C V, so that "
                   "Adam moves them about C times as far per step (a learning rate C times the rest's; weight "
                   "decay is not scaled). Default, from scratch: C = min(N, 10), N of --floater-solve-every (1 when "
@@ -102,17 +103,21 @@ class FloaterConfig(PositionBlocksConfig):
     )
     floater_solver: str = field(
         default="rk4", metadata={"label": "solver {}",
+                                 "values": Values(choices=FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS,
+                                                  noun="a torchdiffeq method"),
                                  "help": "floater: torchdiffeq method, fixed-step " + ", ".join(FIXED_STEP_SOLVERS)
                                  + " or adaptive " + ", ".join(ADAPTIVE_SOLVERS)}
     )
     floater_step: Optional[float] = field(
-        default=None, metadata={"label": "step {}", "help": "floater: step of the fixed-step solvers (default dt / 5; "
+        default=None, metadata={"label": "step {}", "values": Values(low=0, above=True),
+                                "help": "floater: step of the fixed-step solvers (default dt / 5; "
                                 "refused with an adaptive solver, which chooses its own)"}
     )
-    floater_dt: float = field(default=0.1, metadata={"label": "dt {}", "help": "floater: time between two positions"})
+    floater_dt: float = field(default=0.1, metadata={"label": "dt {}", "values": Values(low=0, above=True),
+                                                     "help": "floater: time between two positions"})
     floater_dissipation: float = field(
         default=0.0,
-        metadata={"label": "dissipation {}",
+        metadata={"label": "dissipation {}", "values": Values(low=0, why="0: the paper's FLOATER"),
                   "help": "floater, not in the paper: LAMBDA > 0 solves dp/dt = -LAMBDA p + tanh(h(t, p)) instead of "
                   "dp/dt = h(t, p), so that every coordinate of every bias stays within max(|p(0)|, 1 / LAMBDA) at "
                   "any position, past the training lengths too (h = 0 is still the vanilla model). rk4 runs in "
@@ -125,7 +130,8 @@ class FloaterConfig(PositionBlocksConfig):
                   "Eq. 12, biases self-attention only)"},
     )
     floater_hidden: Optional[int] = field(
-        default=None, metadata={"help": "floater: hidden size of the dynamics h (default: the attention width)"}
+        default=None, metadata={"values": Values(low=1),
+                                "help": "floater: hidden size of the dynamics h (default: the attention width)"}
     )
     floater_adjoint: bool = field(
         default=False, metadata={"help": "floater: backpropagate with the adjoint method (less memory, more time)"}
@@ -266,11 +272,6 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
                  step: Optional[float], adjoint: bool, solve_every: int = 1, lr_scale: Optional[float] = None,
                  dissipation: float = 0.0, warm_start: bool = False):
         super().__init__()
-        if solver not in FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS:
-            raise ValueError(f"--floater-solver {solver!r} is not a torchdiffeq method; choose one of "
-                             f"{', '.join(FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS)}")
-        if dt <= 0 or (step is not None and step <= 0):
-            raise ValueError("--floater-dt and --floater-step must be positive")
         self.dt, self.solver, self.adjoint = dt, solver, adjoint
         self.step = step if step is not None else default_step(dt)
         #: whether the weights were warm-started from a vanilla model (--floater-init-from), saved with
@@ -280,10 +281,6 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         #: (:func:`.floater_schedule.rescale_on_load`)
         self._lr_scale_given = lr_scale is not None
         lr_scale = floater_schedule.lr_scale(solve_every, lr_scale, warm_start)
-        floater_schedule.check(solve_every, lr_scale)
-        if not (dissipation >= 0 and math.isfinite(dissipation)):
-            raise PosencError(f"--floater-dissipation must be a finite number >= 0 (0: the paper's FLOATER), "
-                              f"got {dissipation}")
         if solver in ADAPTIVE_SOLVERS and step is not None:
             raise PosencError(f"--floater-step {step:g} would change nothing: --floater-solver {solver} is adaptive "
                               "(it chooses its own steps); the step is for the fixed-step solvers, "
@@ -316,6 +313,11 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         self._generation = 0
         self._graph = None  # (generation, solution with autograd history) while training
         self._update = None  # the update fairseq's trainer runs, when it announced one
+        #: fairseq's count of finished updates, as last set (before a load: the checkpoint's)
+        self._updates_seen = 0
+        #: (N, update count) of a checkpoint loaded in the middle of a cycle, until training goes on
+        #: (:func:`.floater_schedule.resume_cycle`)
+        self._loaded_cycle = None
         self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module._refresh_for_saving())
         # --floater-solve-every N > 1 (floater_schedule.py)
         self.schedule = floater_schedule.SolveSchedule(int(solve_every)) if solve_every > 1 else None
@@ -344,6 +346,14 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         if self._update is not None and torch.is_grad_enabled():
             self._update.passes_left -= 1
 
+    def start_update(self, num_updates: int):
+        """fairseq's trainer starts an update, ``num_updates`` finished (:mod:`fairseq_posenc.update_hooks`,
+        before fairseq's ``train_step``): the first after a load mid-cycle decides what becomes of
+        the cycle (:func:`.floater_schedule.resume_cycle`)."""
+        if self._loaded_cycle is not None:
+            loaded, self._loaded_cycle = self._loaded_cycle, None
+            floater_schedule.resume_cycle(self, *loaded, num_updates)
+
     def begin_update(self, passes: int):
         """fairseq's trainer starts an update of ``passes`` forward/backward passes
         (``--update-freq``; see :mod:`fairseq_posenc.update_hooks`). The parameters stay fixed
@@ -359,7 +369,9 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
             self.schedule.begin_update()
 
     def set_num_updates(self, num_updates: int):
-        """fairseq's count of finished updates, set before each training pass."""
+        """fairseq's count of finished updates, set before each training pass (and by fairseq's
+        ``load_checkpoint`` to the checkpoint's, before its weights are loaded)."""
+        self._updates_seen = num_updates
         if self.schedule is not None:
             self.schedule.num_updates = num_updates
 
@@ -544,6 +556,9 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         pending = state_dict.pop(prefix + floater_schedule.PENDING, None)
         if self.schedule is not None:
             self.schedule.load(pending, self.initial.device)
+        saved_every = int(round(float(torch.as_tensor(state_dict[prefix + "_extra_state"]).reshape(-1)[0])))
+        mid_cycle = pending is not None and bool(pending.ne(0).any())
+        self._loaded_cycle = (saved_every, self._updates_seen) if mid_cycle else None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
@@ -569,7 +584,8 @@ class FloaterPositionEncoding(PositionEncoding):
         if side == "encoder":
             # q, k, v of every self-attention block, and k, v of every encoder-decoder one if asked
             states = 3 * (self.encoder_blocks + self.decoder_blocks) + 2 * self.decoder_blocks * self.cross_attention
-            self.ode = FloaterODE(states, self.width, cfg.floater_hidden or self.width, cfg.floater_dt,
+            hidden = self.width if cfg.floater_hidden is None else cfg.floater_hidden  # values.py refuses < 1
+            self.ode = FloaterODE(states, self.width, hidden, cfg.floater_dt,
                                   cfg.floater_solver, cfg.floater_step, cfg.floater_adjoint,
                                   getattr(cfg, "floater_solve_every", 1), getattr(cfg, "floater_lr_scale", None),
                                   getattr(cfg, "floater_dissipation", 0.0),
@@ -608,10 +624,11 @@ class FloaterPositionEncoding(PositionEncoding):
 
     def carried_options(self):
         """N, C and the warm start as the weights were trained with them (the ODE's and the
-        dynamics' extra state), whatever flags rebuilt the model."""
+        dynamics' extra state), and h's width as its weights have it, whatever flags rebuilt the model."""
         ode = self.solver
         carried = {**super().carried_options(), "floater_init_from": ode._warm_started}
         if getattr(ode, "dynamics", None) is not None:
+            carried["floater_hidden"] = ode.dynamics.fc1.out_features
             carried["floater_solve_every"] = ode._trained_every
             carried["floater_lr_scale"] = getattr(ode.dynamics, "_trained_scale", ode.lr_scale)
         return carried
@@ -619,7 +636,7 @@ class FloaterPositionEncoding(PositionEncoding):
     def tie(self, encoder_scheme):
         if self.side == "decoder":
             if encoder_scheme.width != self.width:
-                raise ValueError(f"floater needs the same attention width in encoder and decoder, got "
+                raise PosencError(f"floater needs the same attention width in encoder and decoder, got "
                                  f"{encoder_scheme.width} and {self.width}")
             # a reference, not a submodule: the ODE's parameters belong to the encoder
             self._ode = (encoder_scheme.ode,)
@@ -710,17 +727,17 @@ def warm_start(model, path: str):
     import os
 
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"--floater-init-from: no checkpoint at {path}")
+        raise PosencError(f"--floater-init-from: no checkpoint at {path}")
     state = torch.load(path, map_location="cpu")
     vanilla = state.get("model") if isinstance(state, dict) else None
     if vanilla is None:
-        raise ValueError(f"--floater-init-from: {path} is not a fairseq checkpoint (no 'model' entry)")
+        raise PosencError(f"--floater-init-from: {path} is not a fairseq checkpoint (no 'model' entry)")
     # a sinusoidal model at every block (--position-blocks all) has the same parameters, no more:
     # only its saved flags tell that the warm start would drop its Eq. 7 terms
     saved = _saved_model_flags(state)
     encoding, blocks = _flag(saved, "position_encoding", "sinusoidal"), _flag(saved, "position_blocks", None)
     if encoding != "sinusoidal" or blocks not in (None, "input"):
-        raise ValueError(f"--floater-init-from: {path} is a --position-encoding {encoding}"
+        raise PosencError(f"--floater-init-from: {path} is a --position-encoding {encoding}"
                          f"{' --position-blocks ' + blocks if blocks else ''} model; the warm start needs the vanilla "
                          "Transformer (sinusoidal at the input block) for FLOATER to start as that model exactly")
     ode = model.encoder.position_encoding.ode
@@ -733,6 +750,7 @@ def warm_start(model, path: str):
     if mismatched or missing or unexpected:
         details = "; ".join(f"{name}: {', '.join(keys[:3])}" for name, keys in
                             (("different shape", mismatched), ("missing", missing), ("unexpected", unexpected)) if keys)
-        raise ValueError(f"--floater-init-from: {path} is not a sinusoidal Transformer of this model's size ({details})")
+        raise PosencError(f"--floater-init-from: {path} is not a sinusoidal Transformer of this model's size "
+                          f"({details})")
     model.load_state_dict({**own, **vanilla}, strict=True)
     ode.reset_to_vanilla()

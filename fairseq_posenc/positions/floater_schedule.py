@@ -90,13 +90,6 @@ def lr_scale(solve_every: int, scale: Optional[float], warm_start: bool = False)
     return 1.0 if warm_start else min(float(solve_every), MAX_DEFAULT_LR_SCALE)
 
 
-def check(solve_every: int, scale: float):
-    if int(solve_every) != solve_every or solve_every < 1:
-        raise PosencError(f"--floater-solve-every must be a whole number >= 1, got {solve_every}")
-    if not (scale > 0 and math.isfinite(scale)):
-        raise PosencError(f"--floater-lr-scale must be a positive finite number, got {scale}")
-
-
 def rescale_on_load(ode, state_dict, prefix: str):
     """A load pre-hook of :class:`~.floater.FloaterODE`, for weights saved with a C other than the
     model's. Without ``--floater-lr-scale`` the model takes the stored C, so that a resumed run goes
@@ -136,6 +129,28 @@ def rescale_on_load(ode, state_dict, prefix: str):
                     f"with {current:g}: h and the initial states multiplied by {stored / current:g}, so that "
                     "they compute what was saved")
     state_dict[key] = torch.tensor(current, dtype=torch.float64)
+
+
+def resume_cycle(ode, saved_every: int, saved_at: int, num_updates: int):
+    """The first training pass after a checkpoint stopped in the middle of a cycle of N =
+    ``saved_every`` at update ``saved_at`` was loaded, at fairseq's update count ``num_updates``.
+    Where the count restarted (``--reset-optimizer``, ``--finetune-from-model``) the pending gradient
+    belongs to no cycle of this run: dropped, the run starts an empty cycle. Where it goes on, the
+    cycle is finished under its own N: another --floater-solve-every is refused, naming both (its
+    mean would divide the pending updates' gradient by the new N)."""
+    every = ode.schedule.every if ode.schedule is not None else 1
+    if num_updates != saved_at:
+        if ode.schedule is not None:
+            ode.schedule.load(None, ode.initial.device)
+        logger.info(f"--floater-solve-every: the update count restarts at {num_updates} (the checkpoint's was "
+                    f"{saved_at}): the gradient pending in its cycle is dropped, training starts an empty cycle")
+        return
+    if every != saved_every:
+        end = -(-saved_at // saved_every) * saved_every
+        raise PosencError(f"--floater-solve-every {every}: the checkpoint stopped at update {saved_at}, "
+                          f"{saved_at % saved_every} update(s) into a cycle of --floater-solve-every {saved_every} "
+                          f"whose gradient is pending; resume with --floater-solve-every {saved_every} (change it from "
+                          f"update {end}, the cycle's end, on), or restart the update count (--reset-optimizer)")
 
 
 def flow_parameters(ode) -> List[torch.nn.Parameter]:

@@ -36,6 +36,7 @@ from torch import Tensor
 from ..compat import PosencError
 from .base import at_least_float32
 from .floater import FloaterConfig, FloaterODE, FloaterPositionEncoding
+from .values import Values
 
 INPUTS = ("scalar", "vector")
 
@@ -43,12 +44,14 @@ INPUTS = ("scalar", "vector")
 @dataclass
 class RNNConfig:
     rnn_layers: int = field(
-        default=1, metadata={"help": "rnn: layers of the step p_i -> p_{i+1}, 1 or 2, each tanh(W [x; z_i] + b) "
+        default=1, metadata={"values": Values(low=1, high=2, why="Table 6's forms"),
+                             "help": "rnn: layers of the step p_i -> p_{i+1}, 1 or 2, each tanh(W [x; z_i] + b) "
                              "with x the state or the layer below"})
     rnn_input: ChoiceEnum(list(INPUTS)) = field(
         default="scalar", metadata={"help": "rnn: the input z_i, the scalar i * --rnn-dt or the sinusoidal vector of i"})
     rnn_dt: float = field(
-        default=0.1, metadata={"help": "rnn: the scalar input's step between positions (FLOATER's dt)"})
+        default=0.1, metadata={"values": Values(low=0, above=True),
+                               "help": "rnn: the scalar input's step between positions (FLOATER's dt)"})
 
 
 class Layer(nn.Module):
@@ -68,10 +71,6 @@ class RNNPositions(FloaterODE):
     """FLOATER's ODE solution (``positions(n)``, kept, extended, checkpointed) from a recurrence."""
 
     def __init__(self, num_states: int, dim: int, layers: int, vector: bool, dt: float, warm_start: bool = False):
-        if layers not in (1, 2):
-            raise ValueError(f"--rnn-layers must be 1 or 2 (Table 6's forms), got {layers}")
-        if dt <= 0:
-            raise ValueError("--rnn-dt must be positive")
         # FLOATER's machinery around a placeholder ODE of one hidden unit, whose dynamics are then
         # dropped: FloaterODE.__init__ builds them, with no hook to build something else
         super().__init__(num_states, dim, 1, dt, "rk4", None, False, warm_start=warm_start)

@@ -5,6 +5,7 @@ from torch import Tensor
 
 from ..compat import PosencError
 from .base import PositionEncoding, at_least_float32, cast
+from .values import Values
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -32,7 +33,8 @@ def rotation_rows(angles: Tensor) -> Tensor:
 
 @dataclass
 class RopeConfig:
-    rope_theta: float = field(default=10000.0, metadata={"help": "rope: base of the rotation frequencies"})
+    rope_theta: float = field(default=10000.0, metadata={"values": Values(low=0, above=True),
+                                                         "help": "rope: base of the rotation frequencies"})
 
 
 class RotaryPositionEncoding(PositionEncoding):

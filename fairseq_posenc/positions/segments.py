@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .base import PositionEncoding
 from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
+from .values import Values
 
 
 @dataclass
@@ -22,10 +23,12 @@ class SegmentConfig(BiasScaleConfig):
     without it, as an encoding's flags are with another encoding (models/config.py)."""
 
     segment_separator: str = field(
-        default="<sep>", metadata={"help": "source token that ends a segment (--segment-attention)"}
+        default="<sep>", metadata={"values": Values(token=True, why="a symbol of the source dictionary"),
+                                   "help": "source token that ends a segment (--segment-attention)"}
     )
     max_segments: int = field(
-        default=8, metadata={"help": "segments with their own parameters; later ones share the last "
+        default=8, metadata={"values": Values(low=1),
+                             "help": "segments with their own parameters; later ones share the last "
                              "(--segment-attention)"}
     )
 
@@ -43,8 +46,6 @@ class SegmentBias(ScaledBiases, PositionEncoding):
 
     def __init__(self, cfg, num_layers, num_heads, head_dim, separator_index: int):
         super().__init__(cfg, "encoder", num_layers, num_heads, head_dim)
-        if cfg.max_segments < 1:
-            raise ValueError(f"--max-segments must be positive, got {cfg.max_segments}")
         self.separator = separator_index
         self.max_segments = cfg.max_segments
         # initialised at 0, which is 0 / S for every S

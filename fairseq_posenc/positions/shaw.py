@@ -15,8 +15,6 @@ class ShawRelative(PositionEncoding):
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
         self.max_distance = self.option("max_relative_distance")
-        if self.max_distance <= 0:
-            raise ValueError(f"--max-relative-distance must be positive, got {self.max_distance}")
         # (layers, 2k + 1, head dim): index k + (j - i)
         self.rel_k = nn.Parameter(torch.empty(num_layers, 2 * self.max_distance + 1, head_dim))
         self.rel_v = nn.Parameter(torch.empty(num_layers, 2 * self.max_distance + 1, head_dim))

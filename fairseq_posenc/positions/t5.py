@@ -7,6 +7,7 @@ from torch import Tensor
 
 from .base import PositionEncoding
 from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
+from .values import Values
 
 
 def relative_position_bucket(relative_position: Tensor, bidirectional: bool = True,
@@ -42,10 +43,15 @@ def relative_position_bucket(relative_position: Tensor, bidirectional: bool = Tr
 
 @dataclass
 class T5Config(BiasScaleConfig):
-    t5_num_buckets: int = field(default=32, metadata={"help": "t5: number of relative position buckets"})
-    t5_max_distance: int = field(
-        default=128, metadata={"help": "t5: distances from here on share the last bucket"}
-    )
+    t5_num_buckets: int = field(default=32, metadata={
+        "values": Values(low=4, why="the encoder's two sides each need an exact and a log-spaced bucket"),
+        "help": "t5: number of relative position buckets"})
+    # the decoder's exact buckets cover distances below num_buckets / 2; the log-spaced ones span
+    # from there to the maximum distance (log(max_distance / max_exact) divides)
+    t5_max_distance: int = field(default=128, metadata={
+        "values": Values(low=lambda args: getattr(args, "t5_num_buckets", 32) // 2, above=True,
+                         bound="--t5-num-buckets / 2", why="the distances the decoder's exact buckets cover"),
+        "help": "t5: distances from here on share the last bucket"})
 
 
 class T5Bias(ScaledBiases, PositionEncoding):
@@ -59,14 +65,6 @@ class T5Bias(ScaledBiases, PositionEncoding):
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
         self.num_buckets, self.max_distance = cfg.t5_num_buckets, cfg.t5_max_distance
-        if self.num_buckets < 4:
-            raise ValueError(f"--t5-num-buckets must be at least 4 (the encoder's two sides each need an exact and "
-                             f"a log-spaced bucket), got {self.num_buckets}")
-        if self.max_distance <= self.num_buckets // 2:
-            # the decoder's exact buckets cover distances below num_buckets / 2; the log-spaced ones
-            # span from there to the maximum distance (log(max_distance / max_exact) divides)
-            raise ValueError(f"--t5-max-distance must exceed --t5-num-buckets / 2 = {self.num_buckets // 2} (the "
-                             f"distances the decoder's exact buckets cover), got {self.max_distance}")
         self.bias_scale = bias_scale(cfg)
         self.bias = nn.Embedding(self.num_buckets, num_heads)
         nn.init.normal_(self.bias.weight, std=0.02 / self.bias_scale)
