@@ -81,7 +81,9 @@ def describe(key: str, value: Any) -> str:
         return flag
     if value is False:
         return f"no {flag}"
-    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+    from .labels import number
+
+    return f"{flag} {number(value)}" if isinstance(value, float) else f"{flag} {value}"
 
 
 def row_names(labels: List[str], options: List[Dict[str, Any]]) -> List[str]:

@@ -558,3 +558,6 @@ def test_a_row_is_named_by_its_label_and_each_option_in_which_it_differs_from_th
         "rope (tokens per update 8000)"]
     # as common as each other: the earliest row's value is the study's, named nowhere
     assert row_names(["a", "b"], [{"model.dropout": 0.1}, {"model.dropout": 0.2}]) == ["a", "b (--dropout 0.2)"]
+    # two values print as two (labels.number), where {:g} printed both as 1e-06
+    assert row_names(["a", "b"], [{"optimization.lr": [1e-6]}, {"optimization.lr": [1.0000001e-6]}]) == [
+        "a", "b (--lr 1.0000001e-06)"]
