@@ -1,4 +1,4 @@
-"""What an edit of the checkout reruns (recipes/README.md, "What runs again"): a model's code key
+"""What an edit of the checkout reruns (docs/reuse.md): a model's code key
 (fairseq_posenc/recipe/workflow.py code_key) covers the files fairseq's --user-dir runs to train
 it, read from the source whatever the process imported; each rule's inputs hold the files its
 scripts run (fairseq_posenc/recipe/sources.py). Edits are made in a copy of the checkout."""
