@@ -54,7 +54,7 @@ VALUES = {
     "decoder_xformers_att_config": '{"name": "scaled_dot_product"}',
     "adaptive_softmax_cutoff": "100,200", "adaptive_softmax_dropout": "0.1", "quant_noise_pq": "0.1",
     "quant_noise_scalar": "0.1", "relu_dropout": "0.1", "segment_separator": "<s2>", "position_blocks": "all",
-    "position_sharing": "layer", "diet_rank": "4", "max_relative_distance": "8", "alibi_encoder": "crossed",
+    "position_sharing": "heads", "diet_rank": "4", "max_relative_distance": "8", "alibi_encoder": "crossed",
     "floater_solver": "euler", "floater_lr_scale": "2.0", "floater_dissipation": "1.0", "floater_step": "0.05", "floater_hidden": "16", "floater_init_from": "{tmp}/v.pt",
     "data": "{tmp}/copy-of-data", "source_lang": "de", "target_lang": "en", "eval_bleu_args": '{"beam": 2}',
     "eval_bleu_detok": "moses", "eval_bleu_detok_args": '{"target_lang": "de"}', "eval_bleu_remove_bpe": "@@ ",

@@ -45,7 +45,7 @@ STUDY = {
                "bpe_size": 60, "workers": 1},
     "split": {"train_below": 12, "bins": [12, 16], "unit": "words"},
     "models": {"arch": "tiny", "encodings": ["sinusoidal", "alibi"]},
-    "train": {"device": "cpu", "max_update": 3, "save_interval_updates": 1000, "max_tokens": 1000, "update_freq": 1,
+    "train": {"device": "cpu", "max_update": 3, "save_interval_updates": 1000, "max_tokens": 1000, "batch_target": 1000,
               "lr": 0.005, "dropout": 0.1, "warmup_updates": 2},
     # epochs of one update (71 short training pairs); a beam of 1: an untrained model decodes to its length limit
     "evaluate": {"checkpoints": "epoch", "average": 1, "beam": 1},

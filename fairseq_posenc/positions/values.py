@@ -8,7 +8,6 @@ every encoding's configuration with values it must refuse, through fairseq-train
 import dataclasses
 import enum
 import math
-import os
 import typing
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple, Union
@@ -20,7 +19,7 @@ from ..compat import PosencError
 class Values:
     """What an option takes. A number (finite): ``low`` (a value, or a function of the model's flags
     named in messages by ``bound``) and up, past it with ``above``, up to ``high``. A string: one of
-    ``choices`` (``noun`` names what they are), an existing ``file``, or one ``token`` (no spaces).
+    ``choices`` (``noun`` names what they are), a ``file``'s path, or one ``token`` (no spaces).
     ``why``: the reason, in brackets after the requirement."""
 
     low: Union[float, Callable, None] = None
@@ -82,7 +81,9 @@ def refusal(field: dataclasses.Field, value, args) -> Optional[str]:
             return f"{flag} {value!r} is not {spec.noun}; choose one of {', '.join(spec.choices)}"
         return f"{flag} must be one of {', '.join(spec.choices)}, got {value!r}"
     if spec.file:
-        return None if os.path.isfile(str(value)) else f"{flag}: no checkpoint at {value}"
+        # a path, not its file: the workflow resolves commands whose start is not trained yet; the
+        # file is checked where it is read (one line too, before anything is loaded from it)
+        return None if str(value).strip() else f"{flag} must be the path of a checkpoint, got {value!r}"
     if spec.token:
         return None if str(value) and not any(c.isspace() for c in str(value)) else (
             f"{flag} must be one token, without spaces{why}, got {value!r}")
