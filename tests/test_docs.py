@@ -315,20 +315,25 @@ def _anchors(path):
     return {_anchor(h) for h in re.findall(r"^#+\s+(.*)$", text, re.M)}
 
 
+def _inside(path):
+    return os.path.commonpath([path, REPO]) == REPO
+
+
 def broken_links(doc, text):
     """The links of ``doc`` that leave the checkout or name a file or heading it does not have
     (web addresses are the reader's to follow)."""
     broken = []
     here = os.path.dirname(os.path.join(REPO, doc))
-    for path in re.findall(r"`(\.\./[^`\s]*)`", _prose(text)):  # a path named in the text, as `../x/`
-        if os.path.commonpath([os.path.normpath(os.path.join(here, path)), REPO]) != REPO:
-            broken.append(f"{path} (outside the repository)")
+    for path in re.findall(r"`(\.\./[^`\s]*)`", _prose(text)):  # a path named in the text: from the page or the root
+        if not any(_inside(os.path.normpath(os.path.join(base, path))) and os.path.exists(os.path.join(base, path))
+                   for base in (here, REPO)):
+            broken.append(f"{path} (not in the checkout)")
     for target in LINK.findall(_prose(text)):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto:
             continue
         path, _, anchor = target.partition("#")
         full = os.path.normpath(os.path.join(here, path)) if path else os.path.join(REPO, doc)
-        if os.path.commonpath([full, REPO]) != REPO:
+        if not _inside(full):
             broken.append(f"{target} (outside the repository)")
         elif not os.path.exists(full):
             broken.append(f"{target} (no such file)")
@@ -357,10 +362,10 @@ def test_the_checks_find_ids_and_links_out():
     assert own_ids("fairseq's issue #5036, pytorch/pytorch#110213, 1,024 tokens, 0.0017, cafe, 1.5e-3, "
                    "arXiv 2003.09229, Table 2, deadbeefcafe0") == ["deadbeefcafe0"]
     assert own_ids("```bash\ngit worktree add ../before f7e026a\n```\n") == ["f7e026a"]
-    assert broken_links("docs/papers.md", "in `../shared/seeds/` (`../recipes/README.md`)") == [
-        "../shared/seeds/ (outside the repository)"]
+    assert broken_links("docs/papers.md", "in `../shared/seeds/` (`../recipes/README.md`, `../docs/`)") == [
+        "../shared/seeds/ (not in the checkout)"]
     assert broken_links("docs/papers.md", "[seeds](../shared/seeds/), [a](../../x.md), [b](floater.md), "
                         "[c](nope.md), [d](encodings.md#adding-an-encoding), [e](encodings.md#nope), "
                         "[f](https://arxiv.org/abs/1706.03762), [g](#nope)") == [
-        "../shared/seeds/ (outside the repository)", "../../x.md (outside the repository)", "nope.md (no such file)",
+        "../shared/seeds/ (no such file)", "../../x.md (outside the repository)", "nope.md (no such file)",
         "encodings.md#nope (no such heading)", "#nope (no such heading)"]
