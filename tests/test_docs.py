@@ -281,3 +281,91 @@ def test_the_check_finds_a_misspelt_flag_and_variable():
         "tests/test_doc.py (no such test file)", "--no-capture"]
     assert unknown_in(["torchrun", "--nnodes", "2", "--nproc-per-gpu", "8", "fairseq-train", "x"]) == [
         "--nproc-per-gpu"]
+
+
+# --- what a page may cite: no ids of this project's commits or issues, no link out of the checkout --
+#: hex of 7 to 40 digits with at least one letter and one digit: a commit id, short or full
+COMMIT = re.compile(r"(?<![\w/.#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w/.-])")
+#: an issue or pull request by number: "issue 38", "issues 12 and", "#38"
+ISSUE = re.compile(r"\b(?:issues?|PRs?|pull requests?)\s+#?\d+|(?<![\w/])#\d+", re.I)
+#: what may precede an issue number of another project: "fairseq's issue #5036", "pytorch/pytorch#110213"
+UPSTREAM = re.compile(r"(?:\b(?:fairseq|pytorch|torch|torchdiffeq|snakemake|sacrebleu)(?:'s)?|[\w.-]+/[\w.-]+)\s*$", re.I)
+LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def _prose(text):
+    """The text of a page without its code blocks (commands may hold hashes and paths of their own)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def own_ids(text):
+    """The ids of this project's commits and issues that ``text`` cites, commands included."""
+    found = [m.group(0) for m in COMMIT.finditer(text)]
+    found += [m.group(0) for m in ISSUE.finditer(text) if not UPSTREAM.search(text[max(0, m.start() - 40):m.start()])]
+    return found
+
+
+def _anchor(heading):
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path):
+    text = _prose(open(path, encoding="utf-8").read())
+    return {_anchor(h) for h in re.findall(r"^#+\s+(.*)$", text, re.M)}
+
+
+def _inside(path):
+    return os.path.commonpath([path, REPO]) == REPO
+
+
+def broken_links(doc, text):
+    """The links of ``doc`` that leave the checkout or name a file or heading it does not have
+    (web addresses are the reader's to follow)."""
+    broken = []
+    here = os.path.dirname(os.path.join(REPO, doc))
+    for path in re.findall(r"`(\.\./[^`\s]*)`", _prose(text)):  # a path named in the text: from the page or the root
+        if not any(_inside(os.path.normpath(os.path.join(base, path))) and os.path.exists(os.path.join(base, path))
+                   for base in (here, REPO)):
+            broken.append(f"{path} (not in the checkout)")
+    for target in LINK.findall(_prose(text)):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        full = os.path.normpath(os.path.join(here, path)) if path else os.path.join(REPO, doc)
+        if not _inside(full):
+            broken.append(f"{target} (outside the repository)")
+        elif not os.path.exists(full):
+            broken.append(f"{target} (no such file)")
+        elif anchor and full.endswith(".md") and anchor not in _anchors(full):
+            broken.append(f"{target} (no such heading)")
+    return broken
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_no_ids_of_this_projects_commits_or_issues(doc):
+    """A reader of a clone has neither the project's tracker nor, in a shallow clone, its history:
+    a page says what was run and on what, not where in the history."""
+    text = open(os.path.join(REPO, doc), encoding="utf-8").read()
+    assert not own_ids(text), f"{doc} cites {own_ids(text)}"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_link_stays_inside_the_repository(doc):
+    text = open(os.path.join(REPO, doc), encoding="utf-8").read()
+    assert not broken_links(doc, text), f"{doc}: {broken_links(doc, text)}"
+
+
+def test_the_checks_find_ids_and_links_out():
+    assert own_ids("at commit 7f98e57 plus this change; before issue 40 (issue 32, item 3) and #38") == [
+        "7f98e57", "issue 40", "issue 32", "#38"]
+    assert own_ids("fairseq's issue #5036, pytorch/pytorch#110213, 1,024 tokens, 0.0017, cafe, 1.5e-3, "
+                   "arXiv 2003.09229, Table 2, deadbeefcafe0") == ["deadbeefcafe0"]
+    assert own_ids("```bash\ngit worktree add ../before f7e026a\n```\n") == ["f7e026a"]
+    assert broken_links("docs/papers.md", "in `../shared/seeds/` (`../recipes/README.md`, `../docs/`)") == [
+        "../shared/seeds/ (not in the checkout)"]
+    assert broken_links("docs/papers.md", "[seeds](../shared/seeds/), [a](../../x.md), [b](floater.md), "
+                        "[c](nope.md), [d](encodings.md#adding-an-encoding), [e](encodings.md#nope), "
+                        "[f](https://arxiv.org/abs/1706.03762), [g](#nope)") == [
+        "../shared/seeds/ (no such file)", "../../x.md (outside the repository)", "nope.md (no such file)",
+        "encodings.md#nope (no such heading)", "#nope (no such heading)"]

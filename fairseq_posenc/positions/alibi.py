@@ -17,25 +17,14 @@ about it; ``--alibi-encoder`` chooses the form:
   encoder causal, so ``split`` needs at least two.
 - ``crossed``: every head sees both sides with separate slopes, m_h on the left and
   m_(H-1-h) (the same sequence in reverse head order) on the right: the first heads look far
-  right and near left, the last heads the opposite. That holds for H a power of two, where the
-  slopes fall geometrically with h. For other H the slopes of :func:`alibi_slopes` are not even
-  monotone (the largest power of two below H, then every other slope of twice that; H = 6:
-  2^-2, 2^-4, 2^-6, 2^-8, 2^-1, 2^-3), and crossed reverses that list as it is: head 0 gets
-  2^-2 on the left and 2^-3 on the right, head 1 2^-4 and 2^-1. With an odd H the middle head
-  (h = (H-1)/2) has the same slope on both sides and is symmetric (H = 3: slopes 2^-4, 2^-8,
-  2^-2, the middle head 2^-8 both ways); with one head crossed is symmetric and is refused.
+  right and near left, the last heads the opposite (for H a power of two; for other H the slope
+  list of :func:`alibi_slopes` is not monotone and is reversed as it is). With an odd H the
+  middle head is symmetric; with one head crossed is symmetric and is refused.
 
 ``split`` and ``crossed`` tell left from right, symmetric does not (but by the end token):
-``tests/test_sequence_direction.py`` measures it for every encoding, reversing whole sources,
-EOS included; only ``none`` and symmetric ALiBi encode the reversed source as the reversed
-encoding. On the demo's toy pair (reorder, tiny model, seeds 1-3, SacreBLEU per source-length
-bin; intervals that include the spread between seeds, as study_report gives them) split was
-ahead of symmetric in every bin at 400 updates (+13.6 BLEU in range [+2.0, +25.1], +7.5, +3.4
-and +2.4 past it, the last one's interval [+0.1, +4.7] also excluding 0) and level with it at
-800 updates, the demo's budget (every difference within +-1.8, every interval around 0); crossed
-was below symmetric at both budgets. docs/encodings.md's "Position encodings" section has the
-table. The default is the published form all the same: a row called "alibi" is the ALiBi the
-literature means, and reports name the others (``alibi (split)``, :meth:`ALiBi.form`).
+``tests/test_sequence_direction.py`` measures it for every encoding. The default is the
+published form: a row called "alibi" is the ALiBi the literature means, and reports name the
+others (``alibi (split)``, :meth:`ALiBi.form`). docs/encodings.md compares the forms.
 
 Checkpoints written before ``--alibi-encoder`` existed were trained with the symmetric form;
 those written while the default was ``split`` store their form.
@@ -70,15 +59,8 @@ class ALiBiConfig:
     alibi_encoder: str = field(
         default=DEFAULT_ENCODER_FORM,
         metadata={"label": "{}", "values": Values(choices=ENCODER_FORMS, noun="a form"),
-                  "help": "alibi: the encoder's bias, one of " + ", ".join(ENCODER_FORMS) + ". symmetric "
-                  "(default, the published form: MosaicBERT, JinaBERT-v2, data2vec 2.0, x-transformers): "
-                  "-m|i-j| in every head, equivariant to reversing the sentence; split: even heads see only "
-                  "keys j <= i, odd heads only j >= i (an odd last head sees the left; at least 2 heads); "
-                  "crossed: slope m_h on the left, m_(H-1-h) on the right (ALiBi's slope list for H heads reversed "
-                  "as it is, which is not monotone when H is not a power of two; with odd H the middle head "
-                  "is symmetric; refused with 1 head, where it is symmetric). split and crossed tell left from right "
-                  "(tests/test_sequence_direction.py). The decoder is causal, -m(i-j), whatever this says. "
-                  "A checkpoint loads the form it stored; one from before this flag loads as symmetric"},
+                  "help": "alibi: the encoder's bias, one of " + ", ".join(ENCODER_FORMS) + " (symmetric: the published "
+                  "-m|i-j|; split and crossed tell left from right: docs/encodings.md). The decoder is causal"},
     )
 
 

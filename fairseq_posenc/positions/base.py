@@ -45,10 +45,8 @@ class PositionBlocksConfig:
     position_blocks: Optional[ChoiceEnum(list(POSITION_BLOCKS))] = field(
         default=None,
         metadata={"label": "blocks {}",
-                  "help": "sinusoidal, learned, floater, rnn: the position encoder at the first block of each "
-                  "stack only (input: p^(n) = 0 for n >= 2) or at every block (all: FLOATER's Table 2; "
-                  "sinusoidal adds its Eq. 7, learned one table per block). Default: the encoding's own, "
-                  "input for sinusoidal and learned, all for floater and rnn"},
+                  "help": "sinusoidal, learned, floater, rnn: the position encoder at the first block of each stack "
+                  "only (input) or at every block (all: FLOATER's Table 2). Default: the encoding's own"},
     )
 
 

@@ -40,12 +40,8 @@ class BiasScaleConfig:
         default=1.0,
         metadata={
             "label": "bias scale {}", "values": Values(low=0, above=True),
-            "help": "S > 0: learn the learned attention-logit biases S times faster under Adam, as "
-            "bias = S * w with w initialised at init / S (the model at step 0 is unchanged). t5: its "
-            "per-bucket biases; diet_rel: its per-offset biases; diet_abs: P_Q and P_K each, so the "
-            "first-order step of P_Q P_K^T is S times larger; --segment-attention: its segment "
-            "scalars, with any encoding. Refused with the other encodings, where it would change nothing. "
-            "Default 1: the papers' parametrisation"
+            "help": "t5, diet_rel, diet_abs, --segment-attention: learn the attention-logit biases S times "
+            "faster under Adam, as S * w with w starting at init / S (the same model at step 0). Default 1"
         },
     )
 

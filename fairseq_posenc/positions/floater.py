@@ -73,33 +73,20 @@ class FloaterConfig(PositionBlocksConfig):
     floater_init_from: Optional[str] = field(
         default=None,
         metadata={"label": "warm start", "values": Values(file=True),
-                  "help": "floater: warm start from this checkpoint of a sinusoidal transformer_posenc or "
-                  "fairseq transformer of the same size; h's output layer and the initial states start at "
-                  "0 (the vanilla model exactly), h's hidden layer keeps its random initialisation"},
+                  "help": "floater: warm start from this sinusoidal transformer_posenc or fairseq transformer "
+                  "checkpoint of the same size, h's output layer and the initial states at 0 (the vanilla model)"},
     )
     floater_solve_every: int = field(
         default=1,
         metadata={"label": "solve every {}", "values": Values(low=1),
-                  "help": "floater: update the flow model (h and the initial states) every N updates (Sec. 4.4); "
-                  "in between, training reads the solution kept since its last update and the gradient on it "
-                  "accumulates, to be backpropagated through one solve at every N-th update, in which h and the "
-                  "initial states get the mean of the N updates' gradients; in the other updates their gradient "
-                  "is None (Adam skips them). Runs under --fp16/--bf16/--amp and with several workers. 1: a solve "
-                  "with autograd every update. See docs/floater.md"},
+                  "help": "floater: update the flow model (h and the initial states) once per N updates with the mean "
+                  "of their gradients, solving once per N updates (Sec. 4.4; docs/floater.md)"},
     )
     floater_lr_scale: Optional[float] = field(
         default=None,
         metadata={"label": "lr scale {}", "values": Values(low=0, above=True),
-                  "help": "floater: h's weights and the initial states W are stored as V with W = C V, so that "
-                  "Adam moves them about C times as far per step (a learning rate C times the rest's; weight "
-                  "decay is not scaled). Default, from scratch: C = min(N, 10), N of --floater-solve-every (1 when "
-                  "solving every update), which gives the flow model, stepped once per N updates, the reach of N "
-                  "steps up to 10 (on the demo, N = 10 with C = 10 trained as N = 1 did, with C = 1 it did not; "
-                  "N = 100 with C = 100 diverged, with C = 10 it trained); warm-started (--floater-init-from, the "
-                  "paper's protocol): C = 1 (on the demo N = 10 with C = 10 lost 28 BLEU past the training "
-                  "lengths, with C = 1 it was level with N = 1: docs/floater.md). C is saved with the weights: "
-                  "a run that goes on from them keeps it (refused if given another), a decode with another C "
-                  "(--model-overrides) rescales them to compute the same"},
+                  "help": "floater: h and the initial states learn C times faster under Adam (stored as V, W = C V). "
+                  "Default: min(N, 10), N of --floater-solve-every; 1 with --floater-init-from. Saved with the weights"},
     )
     floater_solver: str = field(
         default="rk4", metadata={"label": "solver {}",
@@ -118,10 +105,8 @@ class FloaterConfig(PositionBlocksConfig):
     floater_dissipation: float = field(
         default=0.0,
         metadata={"label": "dissipation {}", "values": Values(low=0, why="0: the paper's FLOATER"),
-                  "help": "floater, not in the paper: LAMBDA > 0 solves dp/dt = -LAMBDA p + tanh(h(t, p)) instead of "
-                  "dp/dt = h(t, p), so that every coordinate of every bias stays within max(|p(0)|, 1 / LAMBDA) at "
-                  "any position, past the training lengths too (h = 0 is still the vanilla model). rk4 runs in "
-                  "FLOATER's Python loops, not the C++ ones. 0: the paper's FLOATER. See docs/floater.md"},
+                  "help": "floater, not in the paper: LAMBDA > 0 solves dp/dt = -LAMBDA p + tanh(h(t, p)), whose "
+                  "biases stay within max(|p(0)|, 1 / LAMBDA) per coordinate. 0: the paper's FLOATER"},
     )
     floater_cross_attention: bool = field(
         default=False,

@@ -60,9 +60,8 @@ FLOW = ("initial",) + tuple("dynamics." + name for name in DYNAMICS)
 DDP_BACKENDS = ("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d")
 
 
-#: the default C stops growing with N here: one Adam step moves each weight of h by about C lr, and
-#: at N = 100 the demo's first flow update with C = 100 (0.17 per weight) blew the flow up (loss
-#: 3.86 -> 4.60 within 50 updates, gnorm 9e11 by update 300), where C = 10 trained (docs/floater.md)
+#: the default C stops growing with N here: one Adam step moves each weight of h by about C lr,
+#: and one step of N lr is not N steps of lr (docs/floater_results.md has the runs)
 MAX_DEFAULT_LR_SCALE = 10.0
 
 
@@ -73,18 +72,12 @@ def lr_scale(solve_every: int, scale: Optional[float], warm_start: bool = False)
 
     From scratch, why N: under Adam every step moves a weight by about lr, so in N updates the
     exact model (N = 1) can move h by up to N lr; with the flow model updated once per N updates,
-    C = N gives it the same reach. On the demo (800 updates, BLEU by source length 3-12 / 13-18 /
-    19-24 / 25+ words, seed 1) N = 10 with C = 1 stopped in an early, unstable flow (99.9 / 41.8 /
-    1.0 / 0.4 where N = 1 gave 99.4 / 65.6 / 24.1 / 9.4); over 3 seeds N = 10 with C = 10 is level
-    with N = 1 (no bin significantly apart). Why at most 10: a single step of N lr is not N steps of
-    lr (no feedback between them); at N = 100, C = 100 diverged where C = 10 trained.
+    C = N gives it the same reach. Why at most 10: a single step of N lr is not N steps of lr (no
+    feedback between them), and a large one blows the flow up.
 
     Warm-started, why 1: h starts at 0 on a trained model, and its gradients are small and change
-    sign, so N = 1 moves it far less than N lr; a step of C lr overshoots. On the demo (400 updates
-    from sinusoidal's best checkpoint, 3 seeds) N = 10 with C = 10 lost 23 and 28 BLEU past the
-    training lengths to N = 1 (the top eigenvalue of dh/dp 1.9-2.2 against N = 1's 0.2-0.6), C =
-    sqrt(10) lost 1.4 and 10 (two seeds of three: eigenvalues 1.0-1.5), C = 1 was level with N = 1
-    and with the vanilla model trained on (docs/floater.md)."""
+    sign, so N = 1 moves it far less than N lr, and a step of C lr overshoots. The measurements
+    behind both are in docs/floater_results.md."""
     if scale is not None:
         return float(scale)
     return 1.0 if warm_start else min(float(solve_every), MAX_DEFAULT_LR_SCALE)

@@ -20,7 +20,7 @@ autograd's graph of thousands of nodes costs more than the solve. Here:
 The hidden-space loops also exist in C++ (``fairseq_posenc/csrc/floater_rk4.cpp``, built by
 ``make install``; :func:`compiled_loops`), the same operations without Python's cost per
 operation; everything around the loops stays here. Timings of torchdiffeq, the Python loops and
-the C++ loops (``scripts/benchmark.py --floater-solve``): docs/floater.md.
+the C++ loops (``scripts/benchmark.py --floater-solve``): docs/floater_results.md.
 
 h(t, z) = relu(z W1 + b1 + t time1) W2 + b2 + t time2 (:class:`~.floater.Float32Field`). With
 --floater-dissipation LAMBDA the field is tanh(h(t, z)) - LAMBDA z, which is not linear in h's
