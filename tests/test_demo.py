@@ -1,10 +1,12 @@
 """scripts/demo.py (make demo) end to end, on a budget: the recipes' workflow with the demo's
-configuration, and the report it promises, from the run.
+configuration, and the report it promises, from one run.
 
-Two models of 300 updates: sinusoidal learns the toy pair in range, `none` (a bag of words to its
-encoder) cannot, so the report's numbers have known places with wide margins."""
+Three models of 300 updates: sinusoidal learns the toy pair in range, `none` (a bag of words to
+its encoder) cannot, so the report's numbers have known places with wide margins; three more of
+40 updates warm-started from sinusoidal."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -16,18 +18,42 @@ SNAKEFILE = os.path.join(REPO, "recipes", "Snakefile")
 DEMO_CONFIG = os.path.join(REPO, "recipes", "conf", "demo.yaml")
 
 
-def test_demo_writes_the_report_table_json_and_plot(tmp_path):
-    """Also: a row that differs from another in a fairseq flag only (--encoder-layers) is a model
-    of its own, named by its label and that option; Snakemake's own report of the run."""
-    proc = subprocess.run([sys.executable, DEMO, "--encodings", "none", "sinusoidal", "sinusoidal:--encoder-layers=1",
-                           "--max-update", "300", "--train-size", "1000", "--test-size", "60", "--size", "tiny",
-                           "--out", str(tmp_path)], capture_output=True, text=True)
+# the demo's FLOATER (--floater-step 0.1, its OVERRIDES) and the same with its flow model solved
+# every 10 updates: each row labelled from its trained model (warm-started, which the weights
+# record; C defaults to 1 there, the published C of a warm start, not the min(N, 10) of a FLOATER
+# from scratch)
+FLOATER = "floater (warm start, step 0.1)"
+FLOATER_N10 = "floater (warm start, solve every 10, step 0.1)"
+ROWS = ["none", "sinusoidal", "sinusoidal (--encoder-layers 1)", FLOATER, FLOATER_N10, "vanilla_continued"]
+SLUGS = ["none", "sinusoidal", "sinusoidal-encoder-layers-1", "floater", "floater-floater-solve-every-10",
+         "vanilla_continued"]
+DEMO_ARGS = ["--encodings", "none", "sinusoidal", "sinusoidal:--encoder-layers=1", "floater",
+             "floater:--floater-solve-every=10", "--max-update", "300", "--warm-start", "40", "--train-size", "1000",
+             "--test-size", "60", "--size", "tiny"]
+
+
+def demo(out, *args):
+    return subprocess.run([sys.executable, DEMO, *DEMO_ARGS, "--out", str(out), *args], capture_output=True, text=True)
+
+
+def test_demo_writes_the_report_table_json_and_plot_with_floater_warm_started_beside_its_control(tmp_path):
+    """One study of every kind of row (one run, the suite's budget): an encoding, a row that differs
+    from another in a fairseq flag only (--encoder-layers: a model of its own, named by its label and
+    that option), and --warm-start N: each FLOATER row (one with --floater-solve-every 10 from its
+    spec) and vanilla_continued start from sinusoidal seed 1's best checkpoint and train N updates at
+    half the lr; the report compares each FLOATER row with the one control. Then Snakemake's own
+    report of the run, a re-run that trains nothing, and --baseline given as a spec, which redoes the
+    report only."""
+    import torch
+
+    proc = demo(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| plan total: 3 model(s) to train, 900 updates" in proc.stderr
+    assert "| plan total: 6 model(s) to train, 1020 updates" in proc.stderr
     results = json.load(open(tmp_path / "results.json"))
-    assert [row["encoding"] for row in results["rows"]] == ["none", "sinusoidal", "sinusoidal (--encoder-layers 1)"]
+    assert [row["encoding"] for row in results["rows"]] == ROWS
+    assert [row["slug"] for row in results["rows"]] == SLUGS
     # tiny: a layer of the encoder holds 4 x (64 x 64 + 64) + (64 x 128 + 128 + 128 x 64 + 64) + 2 x 128 parameters
-    assert [row["parameters"] for row in results["rows"]] == [178_176, 178_176, 178_176 - 33_472]
+    assert [row["parameters"] for row in results["rows"]][:3] == [178_176, 178_176, 178_176 - 33_472]
     assert all(len(row["train_seconds"]) == 1 for row in results["rows"])
     records = [json.load(open(tmp_path / "models" / name / "seed1" / "trained.json"))
                for name in ("sinusoidal", "sinusoidal-encoder-layers-1")]
@@ -61,55 +87,17 @@ def test_demo_writes_the_report_table_json_and_plot(tmp_path):
     for encoding in ("none", "sinusoidal"):  # what each encoding looks like (scripts/plot_positions.py)
         assert (tmp_path / f"positions_{encoding}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "positions_none.png, positions_sinusoidal.png" in proc.stdout
-    # the table and the plot in Snakemake's browsable report of the run
-    report = subprocess.run([sys.executable, "-m", "snakemake", "-s", SNAKEFILE, "--configfile", DEMO_CONFIG,
-                             str(tmp_path / "demo_config.yaml"), "--report", str(tmp_path / "report.html")],
-                            capture_output=True, text=True)
-    assert report.returncode == 0, report.stderr[-3000:]
-    html = open(tmp_path / "report.html").read()
-    assert "results.md" in html and "bleu_by_length.png" in html
-    # a re-run trains nothing: every job's outputs are up to date
-    again = subprocess.run([sys.executable, DEMO, "--encodings", "none", "sinusoidal", "sinusoidal:--encoder-layers=1",
-                            "--max-update", "300", "--train-size", "1000", "--test-size", "60", "--size", "tiny",
-                            "--out", str(tmp_path), "--dry-run"], capture_output=True, text=True)
-    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
-
-# the demo's FLOATER (--floater-step 0.1, its OVERRIDES) and the same with its flow model solved
-# every 10 updates: each row labelled from its trained model (warm-started, which the weights
-# record; C defaults to 1 there, the published C of a warm start, not the min(N, 10) of a FLOATER
-# from scratch)
-FLOATER = "floater (warm start, step 0.1)"
-FLOATER_N10 = "floater (warm start, solve every 10, step 0.1)"
-
-
-def test_warm_start_trains_floater_rows_and_one_control_from_sinusoidals_best_checkpoint(tmp_path):
-    """--warm-start N: each FLOATER row (one with --floater-solve-every 10 from its spec) and
-    vanilla_continued start from sinusoidal seed 1's best checkpoint and train N updates at half
-    the lr; the report names the rows by their models' labels and compares each FLOATER row with
-    the one control, and the others with --baseline given as a spec (floater: N = 1)."""
-    import torch
-
-    proc = subprocess.run([sys.executable, DEMO, "--encodings", "sinusoidal", "floater",
-                           "floater:--floater-solve-every=10", "--baseline", "floater", "--max-update", "300",
-                           "--warm-start", "40", "--train-size", "1000", "--test-size", "60", "--size", "tiny",
-                           "--out", str(tmp_path)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.load(open(tmp_path / "results.json"))
-    assert [row["encoding"] for row in results["rows"]] == ["sinusoidal", FLOATER, FLOATER_N10, "vanilla_continued"]
-    assert [row["slug"] for row in results["rows"]] == [
-        "sinusoidal", "floater", "floater-floater-solve-every-10", "vanilla_continued"]
-    report = results["report"]
+    # the warm start: each FLOATER row against the one control, from sinusoidal's best checkpoint
     assert report["controls"] == {FLOATER: "vanilla_continued", FLOATER_N10: "vanilla_continued"}
-    assert results["warm_start"] == 40 and report["baseline"] == FLOATER
+    assert results["warm_start"] == 40
     assert all("vs_control" in row for label in (FLOATER, FLOATER_N10) for row in report["models"][label])
     for model in ("floater", "floater-floater-solve-every-10", "vanilla_continued"):
         state = torch.load(tmp_path / "models" / model / "seed1" / "checkpoints" / "checkpoint_last.pt",
                            map_location="cpu", weights_only=False)
         assert state["optimizer_history"][-1]["num_updates"] == 40
         assert state["cfg"]["optimization"]["lr"] == [1.5e-3]
-    start = os.path.join(json.load(open(tmp_path / "models" / "sinusoidal" / "seed1" / "trained.json"))["checkpoints"],
-                         "checkpoint_best.pt")
+    start = os.path.join(records[0]["checkpoints"], "checkpoint_best.pt")
     log = open(tmp_path / "models" / "vanilla_continued" / "seed1" / "checkpoints" / "train.log").read()
     assert f"loading pretrained model from {start}" in log
     # (the saved config forgets the warm start, so that loading the model does not redo it)
@@ -118,15 +106,32 @@ def test_warm_start_trains_floater_rows_and_one_control_from_sinusoidals_best_ch
                    if line.startswith("== ")][0]
         assert f" --floater-init-from {start} " in command and " --lr 0.0015 " in command
         assert (" --floater-solve-every 10" in command) == every
-    assert sorted(os.listdir(tmp_path / "models")) == [
-        "floater", "floater-floater-solve-every-10", "sinusoidal", "vanilla_continued"]
+    assert sorted(os.listdir(tmp_path / "models")) == sorted(SLUGS)
     # trained 340 updates in all: in range all are well past the untrained 0 BLEU (sinusoidal
     # alone reaches 58.8 at 300 updates here)
     for model in (FLOATER, FLOATER_N10, "vanilla_continued"):
         assert report["models"][model][0]["bleu"] > 30
-    table = open(tmp_path / "results.md").read()
     assert f"| {FLOATER} - vanilla_continued | " in table and f"| {FLOATER_N10} - vanilla_continued | " in table
     assert f"| {FLOATER_N10} | " in table
+
+    # the table and the plot in Snakemake's browsable report of the run
+    html_report = subprocess.run([sys.executable, "-m", "snakemake", "-s", SNAKEFILE, "--configfile", DEMO_CONFIG,
+                                  str(tmp_path / "demo_config.yaml"), "--report", str(tmp_path / "report.html")],
+                                 capture_output=True, text=True)
+    assert html_report.returncode == 0, html_report.stderr[-3000:]
+    html = open(tmp_path / "report.html").read()
+    assert "results.md" in html and "bleu_by_length.png" in html
+    # a re-run trains nothing: every job's outputs are up to date
+    again = demo(tmp_path, "--dry-run")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    # --baseline as a row's spec: the report alone is redone, against that row's model
+    rebased = demo(tmp_path, "--baseline", "floater")
+    assert rebased.returncode == 0, rebased.stderr[-3000:]
+    done = re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", rebased.stdout + rebased.stderr)
+    assert sorted(done) == ["all", "demo_report", "study_config"], done
+    report = json.load(open(tmp_path / "results.json"))["report"]
+    assert report["baseline"] == FLOATER
+    assert "vs_baseline" in report["models"]["sinusoidal"][0] and "vs_baseline" not in report["models"][FLOATER][0]
 
 
 def _demo_module():

@@ -38,7 +38,10 @@ def _module_file(directory: str) -> Optional[str]:
     return extension if name.startswith("_") and os.path.isfile(extension) else None
 
 
-def _imported(tree: ast.AST, path: str, root: str) -> List[str]:
+@functools.lru_cache(maxsize=None)
+def _imported(path: str, root: str) -> Tuple[str, ...]:
+    """What ``path`` imports or names as a script; kept, as a Snakefile asks for many rules."""
+    tree = _parse(path)
     here = os.path.dirname(path)
     found = []
 
@@ -71,7 +74,7 @@ def _imported(tree: ast.AST, path: str, root: str) -> List[str]:
                 if os.path.isfile(os.path.join(base, node.value)):
                     found.append(os.path.join(base, node.value))
                     break
-    return [os.path.abspath(f) for f in found if f]
+    return tuple(os.path.abspath(f) for f in found if f)
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,7 +100,7 @@ def sources(*paths: str, root: str = ROOT, stop: Iterable[str] = ()) -> Tuple[st
     seen, todo = set(start), list(start)
     while todo:
         path = todo.pop()
-        for found in _imported(_parse(path), path, root):
+        for found in _imported(path, root):
             if found not in seen and found != plugin and found not in stop and found.startswith(root + os.sep):
                 seen.add(found)
                 todo.append(found)
