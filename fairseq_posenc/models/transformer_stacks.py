@@ -17,7 +17,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..compat import PosencError
 from ..modules import PosencDecoderLayer, PosencEncoderLayer, PositionalAttention
-from ..positions import get_position_encoding
+from ..positions import get_position_encoding, kept
 from ..positions.segments import SegmentBias
 
 
@@ -55,6 +55,23 @@ def _check_table_sizes(stack, state_dict, name: str):
                 f"{key} holds {tuple(stored.shape)} where this model has {tuple(tensor.shape)}: "
                 f"{type(scheme).__name__} cannot extrapolate, its table ends at the {scheme.length_flag} it "
                 f"was trained with; do not raise that with --model-overrides")
+
+
+def _refuse_earlier_forms(stack, state_dict, name: str):
+    """The settings a position encoding saves beside its weights (buffers and extra states, not its
+    kept results) must be there as this code saves them: a checkpoint of an earlier form of the
+    plugin is refused in one line, not loaded through branches that guess what it held."""
+    with kept.not_saving():
+        own = stack.state_dict()
+    skipped = {n for n, _ in stack.named_parameters()} | kept.kept_result_keys(stack)
+    for key, tensor in own.items():
+        if not key.startswith(("position_encoding.", "segment_bias.")) or key in skipped:
+            continue
+        stored = state_dict.get(f"{name}.{key}")
+        if stored is None or torch.as_tensor(stored).shape != torch.as_tensor(tensor).shape:
+            held = "has no" if stored is None else f"holds {tuple(torch.as_tensor(stored).shape)} for"
+            raise PosencError(f"the checkpoint {held} {name}.{key}: it was saved by an earlier version of "
+                              "fairseq_posenc, whose checkpoints this one does not load; train the model again")
 
 
 class LongestTrained:
@@ -113,6 +130,7 @@ class PosencTransformerEncoder(LongestTrained, TransformerEncoderBase):
 
     def upgrade_state_dict_named(self, state_dict, name):
         _check_table_sizes(self, state_dict, name)
+        _refuse_earlier_forms(self, state_dict, name)
         return super().upgrade_state_dict_named(state_dict, name)
 
     def build_encoder_layer(self, cfg):
@@ -134,6 +152,7 @@ class PosencTransformerDecoder(LongestTrained, TransformerDecoderBase):
 
     def upgrade_state_dict_named(self, state_dict, name):
         _check_table_sizes(self, state_dict, name)
+        _refuse_earlier_forms(self, state_dict, name)
         return super().upgrade_state_dict_named(state_dict, name)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):

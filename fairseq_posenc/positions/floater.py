@@ -512,31 +512,18 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         return torch.tensor([float(self._trained_every), float(self._warm_started)], dtype=torch.float64)
 
     def set_extra_state(self, state):
-        values = torch.as_tensor(state, dtype=torch.float64).reshape(-1).tolist()
-        self._trained_every = int(round(values[0]))
-        # N alone: saved before the warm start was stored with the weights, which then keep the
-        # model's own flag
-        if len(values) > 1:
-            self._warm_started = values[1] > 0.5
+        every, warm_started = torch.as_tensor(state, dtype=torch.float64).reshape(-1).tolist()
+        self._trained_every, self._warm_started = int(round(every)), warm_started > 0.5
 
     def set_lr_scale(self, scale: float):
         """Use C = ``scale`` with the stored weights as they are (W = C V)."""
         self.lr_scale = self.dynamics.lr_scale = float(scale)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        if prefix + "_extra_state" not in state_dict:
-            # saved before N (and the warm start) were stored with the weights: this model's own
-            state_dict[prefix + "_extra_state"] = self.get_extra_state()
         stored = state_dict.get(prefix + "solution")
         if stored is not None:  # its length is whatever the saver had solved
             self.solution = torch.zeros(stored.shape, dtype=at_least_float32(stored.dtype), device=self.solution.device)
             self._solved_from.forget()
-        fingerprint = state_dict.get(prefix + "fingerprint")
-        if fingerprint is not None and (fingerprint.shape, fingerprint.dtype) != (self.fingerprint.shape,
-                                                                               self.fingerprint.dtype):
-            # written before the fingerprint held the settings (2 float64 sums): it matches nothing,
-            # and the stored solution is solved again before it is used
-            state_dict[prefix + "fingerprint"] = torch.zeros_like(self.fingerprint)
         # a cycle's pending gradient (--floater-solve-every); dropped by a model without the schedule
         pending = state_dict.pop(prefix + floater_schedule.PENDING, None)
         if self.schedule is not None:

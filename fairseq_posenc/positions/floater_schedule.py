@@ -89,16 +89,14 @@ def rescale_on_load(ode, state_dict, prefix: str):
     on with the C it was trained with (a warm-started run's 1, whatever the default rule says for
     the flags of the resume). A training run that asks for another C is refused, naming both; a
     model rebuilt from a checkpoint with another C (``--model-overrides``) gets the weights rescaled
-    so that it computes what was saved (as ``--position-bias-scale`` does). A state dict without
-    the entry was saved before C was stored: its h holds W / C of the model it is loaded into
-    (fairseq rebuilds a model from its own flags), and its initial states W itself."""
+    so that it computes what was saved (as ``--position-bias-scale`` does)."""
     from ..models.config import building_from_checkpoint
 
     if getattr(ode, "dynamics", None) is None:  # the RNN's subclass has no dynamics
         return
     key, current = prefix + SCALE_KEY, ode.lr_scale
-    stored = float(state_dict[key]) if key in state_dict else None
-    if stored is not None and not math.isclose(stored, current, rel_tol=1e-9):
+    stored = float(state_dict[key])
+    if not math.isclose(stored, current, rel_tol=1e-9):
         if not ode._lr_scale_given:
             logger.info(f"{prefix.rstrip('.')}: the weights were trained with --floater-lr-scale {stored:g}: the "
                         f"model goes on with it (the default for its flags is {current:g})")
@@ -109,15 +107,12 @@ def rescale_on_load(ode, state_dict, prefix: str):
                               f"--floater-lr-scale {stored:g}; drop the flag to go on with {stored:g}, or start a new "
                               "run for another C")
     # the C the weights were trained with, for the model's label (FloaterPositionEncoding.form)
-    ode.dynamics._trained_scale = current if stored is None else stored
-    ratios = {"initial": 1.0 / current} if stored is None else dict.fromkeys(FLOW, stored / current)
-    if stored is None:
-        ratios.update(dict.fromkeys(FLOW[1:], 1.0))
-    for name, ratio in ratios.items():
-        # averaging checkpoints sums C in float64: equal up to its rounding is equal
-        if prefix + name in state_dict and not math.isclose(ratio, 1.0, rel_tol=1e-9):
-            state_dict[prefix + name] = state_dict[prefix + name] * ratio
-    if stored is not None and not math.isclose(stored, current, rel_tol=1e-9):
+    ode.dynamics._trained_scale = stored
+    # averaging checkpoints sums C in float64: equal up to its rounding is equal
+    if not math.isclose(stored, current, rel_tol=1e-9):
+        for name in FLOW:
+            if prefix + name in state_dict:
+                state_dict[prefix + name] = state_dict[prefix + name] * (stored / current)
         logger.info(f"{prefix.rstrip('.')}: weights saved with --floater-lr-scale {stored:g} loaded into a model "
                     f"with {current:g}: h and the initial states multiplied by {stored / current:g}, so that "
                     "they compute what was saved")
