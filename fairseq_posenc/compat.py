@@ -1,7 +1,8 @@
 """Everything fairseq needs to run on this stack (Python 3.11, torch >= 2.6), in one place.
 
 Applied once when the plugin is imported, which fairseq's CLI does (``--user-dir``) before it
-touches a checkpoint. Each fix has a test in ``tests/test_compat.py`` that fails without it.
+touches a checkpoint. docs/development.md lists every patch of fairseq, torch and Python, why, for
+which versions, and the test that fails without it.
 """
 import argparse
 import builtins
@@ -339,7 +340,7 @@ def process_group_destroyed_at_exit():
     and every rank exits when it likes. The rendezvous store is served from rank 0's process: when
     rank 0 left first, another rank's process could abort at exit ("terminate called without an
     active exception", after training had finished), which the launcher reports as a failed task
-    (one run in three of tests/test_multinode.py's 4 SLURM tasks failed so; 0 in 16 with this).
+    (one run in three of a 4-task SLURM training failed so; 0 in 16 with this).
     At exit every rank destroys its process group, as torch asks, and rank 0 waits (60 s at most)
     until the others have, so it leaves last. For the launchers that run fairseq-train in the
     process (torchrun, SLURM tasks, one process); torch.multiprocessing's spawned workers end with
