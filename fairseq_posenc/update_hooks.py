@@ -26,6 +26,8 @@ Optimizer steps are not counted: position tables kept for decoding compare the p
 at the first step of every decode (:mod:`fairseq_posenc.positions.kept`), and a count was read
 only in the middle of one, where fairseq's cached keys and values are of the first step's
 parameters anyway.
+
+The same wrapper lets fairseq's fp16 overflow path run on a CPU trainer (:func:`_overflow_on_cpu`).
 """
 import contextlib
 import functools

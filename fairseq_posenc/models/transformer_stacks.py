@@ -58,17 +58,25 @@ def _check_table_sizes(stack, state_dict, name: str):
 
 
 def _refuse_earlier_forms(stack, state_dict, name: str):
-    """The settings a position encoding saves beside its weights (buffers and extra states, not its
-    kept results) must be there as this code saves them: a checkpoint of an earlier form of the
-    plugin is refused in one line, not loaded through branches that guess what it held."""
+    """The settings a position encoding saves beside its weights (buffers, extra states) must be there
+    in the form this code saves them; of a kept result (FLOATER's solution, which grows) the number of
+    dimensions and whether it is floating point. A checkpoint of an earlier form of the plugin is
+    refused in one line, not loaded through branches that guess what it held."""
     with kept.not_saving():
         own = stack.state_dict()
-    skipped = {n for n, _ in stack.named_parameters()} | kept.kept_result_keys(stack)
+    parameters, results = {n for n, _ in stack.named_parameters()}, kept.kept_result_keys(stack)
+
+    def form(key, tensor):
+        tensor = torch.as_tensor(tensor)
+        return (tensor.dim(), tensor.is_floating_point()) if key in results else tensor.shape
+
     for key, tensor in own.items():
-        if not key.startswith(("position_encoding.", "segment_bias.")) or key in skipped:
+        if not key.startswith(("position_encoding.", "segment_bias.")) or key in parameters:
             continue
         stored = state_dict.get(f"{name}.{key}")
-        if stored is None or torch.as_tensor(stored).shape != torch.as_tensor(tensor).shape:
+        if stored is None and key in results:  # kept results are saved when there are some
+            continue
+        if stored is None or form(key, stored) != form(key, tensor):
             held = "has no" if stored is None else f"holds {tuple(torch.as_tensor(stored).shape)} for"
             raise PosencError(f"the checkpoint {held} {name}.{key}: it was saved by an earlier version of "
                               "fairseq_posenc, whose checkpoints this one does not load; train the model again")
