@@ -153,7 +153,8 @@ def test_the_process_group_fairseq_leaves_alive_is_destroyed_at_exit(imported, a
 def _launch_config(world_size):
     from fairseq.dataclass.configs import DistributedTrainingConfig
 
-    return DistributedTrainingConfig(distributed_world_size=world_size, distributed_port=12345)
+    # tpu is an interpolation of common.tpu in fairseq's config: given here
+    return DistributedTrainingConfig(distributed_world_size=world_size, distributed_port=12345, tpu=False)
 
 
 @pytest.fixture
