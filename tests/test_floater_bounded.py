@@ -9,9 +9,9 @@ import torch
 
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.labels import scheme_items
-from fairseq_posenc.positions import floater_schedule
+from fairseq_posenc.positions.floater import schedule as floater_schedule
 from fairseq_posenc.positions.floater import FloaterODE, stability_limit
-from fairseq_posenc.positions.floater_solver import rk4
+from fairseq_posenc.positions.floater.solver import rk4
 from tolerances import assert_within, float32_tolerance, magnitude
 from toy import build_model, full_log_probs, toy_batch
 

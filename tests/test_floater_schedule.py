@@ -9,7 +9,7 @@ import torch
 
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
-from fairseq_posenc.positions.floater_schedule import PENDING, SolveSchedule
+from fairseq_posenc.positions.floater.schedule import PENDING, SolveSchedule
 from fairseq_runs import outcome, run_all, train_command
 from floater_trainer import FLOW
 from fairseq_posenc.update_hooks import announce_update, finish_update
@@ -86,7 +86,7 @@ def test_unsupported_training_is_refused_when_the_trainer_is_built(data_bin):
 
 
 def test_the_lr_scale_follows_n_unless_given(tmp_path):
-    """C = min(N, 10) by default from scratch, 1 warm-started (floater_schedule.lr_scale says why);
+    """C = min(N, 10) by default from scratch, 1 warm-started (floater/schedule.py's lr_scale says why);
     a C given is kept, N = 1 keeps 1."""
     def scale(*flags):
         return floater(*flags).encoder.position_encoding.ode.dynamics.lr_scale
