@@ -5,7 +5,7 @@ from setuptools import find_packages, setup
 
 def floater_extension():
     """FLOATER's rk4 step loops in C++ (fairseq_posenc/csrc), built where torch and a C++ compiler
-    are found; without them FLOATER runs the same loops in Python (floater_solver.py)."""
+    are found; without them FLOATER runs the same loops in Python (positions/floater/loops.py)."""
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError:

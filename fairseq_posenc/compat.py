@@ -1,7 +1,8 @@
 """Everything fairseq needs to run on this stack (Python 3.11, torch >= 2.6), in one place.
 
 Applied once when the plugin is imported, which fairseq's CLI does (``--user-dir``) before it
-touches a checkpoint. Each fix has a test in ``tests/test_compat.py`` that fails without it.
+touches a checkpoint. docs/development.md lists every patch of fairseq, torch and Python, why, for
+which versions, and the test that fails without it.
 """
 import argparse
 import builtins
@@ -286,7 +287,6 @@ def apply():
     launchers_without_cuda()
     process_group_destroyed_at_exit()
     ema_averages_parameters()
-    fp16_overflow_on_cpu()
     _applied = True
 
 
@@ -340,7 +340,7 @@ def process_group_destroyed_at_exit():
     and every rank exits when it likes. The rendezvous store is served from rank 0's process: when
     rank 0 left first, another rank's process could abort at exit ("terminate called without an
     active exception", after training had finished), which the launcher reports as a failed task
-    (one run in three of tests/test_multinode.py's 4 SLURM tasks failed so; 0 in 16 with this).
+    (one run in three of a 4-task SLURM training failed so; 0 in 16 with this).
     At exit every rank destroys its process group, as torch asks, and rank 0 waits (60 s at most)
     until the others have, so it leaves last. For the launchers that run fairseq-train in the
     process (torchrun, SLURM tasks, one process); torch.multiprocessing's spawned workers end with
@@ -409,41 +409,3 @@ def launchers_without_cuda():
     infer_init_method.without_cuda = True
     distributed_utils.infer_init_method = infer_init_method
 
-
-def fp16_overflow_on_cpu():
-    """fairseq's trainer skips an update whose fp16 gradients overflowed (the loss scaler raises
-    ``OverflowError``) and then sets the logged gradient norm to ``torch.tensor(0.0).cuda()``,
-    which on a torch without CUDA raises "Torch not compiled with CUDA enabled": ``fairseq-train
-    --cpu --fp16`` (or ``--memory-efficient-fp16``) stops at its first overflow instead of lowering
-    the loss scale. The same ``train_step`` is compiled again with that one expression on the
-    trainer's own device; on CUDA it is the same tensor. Where fairseq's source differs (another
-    version), nothing is changed. Tested in tests/test_mixed_precision.py (an injected overflow)."""
-    import contextlib
-    import inspect
-    import textwrap
-
-    from fairseq import trainer as trainer_module
-
-    original = trainer_module.Trainer.train_step
-    # only fairseq's own (its metrics.aggregate decorator around the function of trainer.py): a
-    # wrapper put there before the plugin was imported (update_hooks', a test's) is left as it is
-    inner = getattr(original, "__wrapped__", None)
-    if getattr(original, "overflow_on_any_device", False) or inner is None or \
-            getattr(original, "__code__", None) is None or original.__code__.co_filename != contextlib.__file__ or \
-            getattr(inner, "__code__", None) is None or inner.__code__.co_filename != trainer_module.__file__:
-        return
-    try:
-        lines, first = inspect.getsourcelines(inner)
-    except (OSError, TypeError):
-        return
-    source = textwrap.dedent("".join(lines))
-    old = "grad_norm = torch.tensor(0.0).cuda()"
-    if source.count(old) != 1 or not source.startswith('@metrics.aggregate("train")\ndef train_step('):
-        return
-    namespace = {}
-    source = "\n" * (first - 1) + source.replace(old, "grad_norm = torch.tensor(0.0, device=self.device)")
-    # the same line numbers as fairseq's file, for tracebacks
-    exec(compile(source, inspect.getsourcefile(inner), "exec"), vars(trainer_module), namespace)
-    fixed = namespace["train_step"]
-    fixed.overflow_on_any_device = True
-    trainer_module.Trainer.train_step = fixed

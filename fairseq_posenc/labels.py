@@ -183,9 +183,8 @@ def checkpoint_model(path: str):
         source_dictionary = _dictionary(weights["encoder.embed_tokens.weight"].size(0))
         target_dictionary = _dictionary(weights["decoder.embed_tokens.weight"].size(0))
 
-    with as_saved():
-        model = ARCH_MODEL_REGISTRY[args.arch].build_model(args, Task())
-        model.load_state_dict(weights, strict=True)
+    model = ARCH_MODEL_REGISTRY[args.arch].build_model(as_saved(args), Task())
+    model.load_state_dict(weights, strict=True)
     return model
 
 

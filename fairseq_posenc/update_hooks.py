@@ -26,10 +26,15 @@ Optimizer steps are not counted: position tables kept for decoding compare the p
 at the first step of every decode (:mod:`fairseq_posenc.positions.kept`), and a count was read
 only in the middle of one, where fairseq's cached keys and values are of the first step's
 parameters anyway.
+
+The same wrapper lets fairseq's fp16 overflow path run on a CPU trainer (:func:`_overflow_on_cpu`).
 """
+import contextlib
 import functools
 
+import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 
 def start_update(trainer):
@@ -71,6 +76,27 @@ def _check_trainer(trainer):
     trainer._posenc_checked = True
 
 
+class _CudaCallsStayOnCpu(TorchFunctionMode):
+    """``Tensor.cuda()`` returns the tensor where it is, every other call runs unchanged."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.cuda:
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def _overflow_on_cpu(trainer):
+    """fairseq's ``train_step`` skips an update whose fp16 gradients overflowed and logs its gradient
+    norm as ``torch.tensor(0.0).cuda()``, which raises on a CPU trainer: ``fairseq-train --cpu --fp16``
+    (or ``--memory-efficient-fp16``) would stop at its first overflow instead of lowering the loss
+    scale. On such a trainer the step runs with that tensor left on the CPU; fairseq's code is not
+    changed, and a CUDA trainer runs as it is."""
+    common = trainer.cfg.common
+    if trainer.device.type == "cpu" and (common.fp16 or common.memory_efficient_fp16):
+        return _CudaCallsStayOnCpu()
+    return contextlib.nullcontext()
+
+
 def install():
     """Wrap ``fairseq.trainer.Trainer.__init__`` and ``train_step``; safe to call more than once."""
     from fairseq.trainer import Trainer
@@ -87,6 +113,10 @@ def install():
 
     @functools.wraps(original)
     def train_step(self, samples, *args, **kwargs):
+        with _overflow_on_cpu(self):
+            return _train_step(self, samples, *args, **kwargs)
+
+    def _train_step(self, samples, *args, **kwargs):
         # outside fairseq's train_step, whose failures write a crash.pt checkpoint
         start_update(self)
         announce_update(self.model, len(samples))

@@ -36,7 +36,7 @@ LONGEST = ".longest_trained"  # fairseq_posenc/models/transformer_stacks.py
 # FLOATER's (and the RNN's) kept solution, the fingerprint of the parameters it was solved for, and
 # a --floater-solve-every cycle's pending gradient: the average has other parameters, so none of
 # them holds for it (and their lengths differ between checkpoints: validation grows the solution).
-# Saved empty, they are solved again on load (fairseq_posenc/positions/floater.py)
+# Saved empty, they are solved again on load (fairseq_posenc/positions/floater/ode.py)
 SOLVED = (".ode.solution", ".ode.fingerprint", ".ode.pending_gradient")
 
 

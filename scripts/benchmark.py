@@ -362,7 +362,7 @@ def floater_solve_times(sizes, lengths, repeats):
     interleaved rounds in one run; the fastest round of each."""
     from torchdiffeq import odeint
 
-    from fairseq_posenc.positions import floater_solver
+    from fairseq_posenc.positions.floater import loops as floater_loops
     from fairseq_posenc.positions.floater import FloaterODE
 
     rows = []
@@ -378,15 +378,15 @@ def floater_solve_times(sizes, lengths, repeats):
 
         def fast(compiled):
             def run():
-                floater_solver.USE_COMPILED = compiled
+                floater_loops.USE_COMPILED = compiled
                 try:
                     ode._solve(ode.initial, 0, length).pow(2).sum().backward()
                 finally:
-                    floater_solver.USE_COMPILED = True
+                    floater_loops.USE_COMPILED = True
             return run
 
         fns = {"torchdiffeq": torchdiffeq, "python loops": fast(False)}
-        if floater_solver.compiled_loops(ode.initial) is not None:
+        if floater_loops.compiled_loops(ode.initial) is not None:
             fns["C++ loops"] = fast(True)
         secs = {name: min(t) for name, t in interleaved_rounds(fns, repeats, torch.device("cpu")).items()}
         rows.append({"size": size, "dim": dim, "states": 6 * layers, "positions": length, "seconds": secs})

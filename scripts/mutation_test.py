@@ -57,10 +57,16 @@ TARGETS = {
     P + "bias_scale.py": ["tests/test_labels.py", "tests/test_position_bias_scale.py"],
     P + "diet_abs.py": DIET + SCHEMES + ENCODINGS,
     P + "diet_rel.py": DIET + SCHEMES + ENCODINGS,
-    P + "floater.py": ["tests/test_floater.py", "tests/test_floater_bounded.py", "tests/test_plot_positions.py"],
-    P + "floater_schedule.py": ["tests/test_floater_schedule.py", "tests/test_fp16_overflow.py"],
-    P + "floater_solver.py": ["tests/test_floater_solver.py", "tests/test_floater_bounded.py",
+    P + "floater/config.py": ["tests/test_floater_bounded.py", "tests/test_floater.py"],
+    P + "floater/dynamics.py": ["tests/test_floater.py", "tests/test_floater_bounded.py"],
+    P + "floater/encoding.py": ["tests/test_floater.py", "tests/test_floater_bounded.py", "tests/test_plot_positions.py"],
+    P + "floater/loading.py": ["tests/test_floater.py", "tests/test_floater_schedule.py"],
+    P + "floater/loops.py": ["tests/test_floater_solver.py", "tests/test_floater_bounded.py"],
+    P + "floater/ode.py": ["tests/test_floater.py", "tests/test_floater_bounded.py", "tests/test_plot_positions.py"],
+    P + "floater/schedule.py": ["tests/test_floater_schedule.py", "tests/test_fp16_overflow.py"],
+    P + "floater/solver.py": ["tests/test_floater_solver.py", "tests/test_floater_bounded.py",
                               "tests/test_plot_positions.py"],
+    P + "floater/update.py": ["tests/test_floater.py"],
     P + "kept.py": ["tests/test_kept_tables.py"],
     P + "learned.py": ENCODINGS + BLOCKS,
     P + "none.py": ENCODINGS,
@@ -96,13 +102,13 @@ NAMED = [
      "torch.where(offsets[None, :] > 0, right[:, None]", "torch.where(offsets[None, :] < 0, right[:, None]"),
     (P + "t5.py", "swap left and right: T5's buckets of keys after the query read as before it",
      "buckets += (relative_position > 0).long() * num_buckets", "buckets += (relative_position < 0).long() * num_buckets"),
-    (P + "floater_solver.py", "drop a term of an equation: RK4's k4 (the hidden-space loops, h narrower than 2d)",
+    (P + "floater/loops.py", "drop a term of an equation: RK4's k4 (the hidden-space loops, h narrower than 2d)",
      "u = u + (q1 + 3 * (q2 + q3) + q4) * (h * 0.125)", "u = u + (q1 + 3 * (q2 + q3)) * (h * 0.125)"),
     (P + "kept.py", "skip a cache check: kept tables never compare the parameters' values",
      "torch.equal(t.detach(), v) for t, v in zip(tensors, self._values)", "True for t, v in zip(tensors, self._values)"),
     (P + "base.py", "skip a cache check: kept tables are never dropped",
      "            self._tables.clear()\n", "            pass\n"),
-    (P + "floater.py", "flip a sign in a bias: FLOATER's biases subtracted",
+    (P + "floater/encoding.py", "flip a sign in a bias: FLOATER's biases subtracted",
      "x + self._bias(rows, self._state(layer, role, i)) for i, x in enumerate((q, k, v))",
      "x - self._bias(rows, self._state(layer, role, i)) for i, x in enumerate((q, k, v))"),
     (P + "shaw.py", "swap left and right: Shaw's offsets j - i read as i - j",
@@ -117,9 +123,9 @@ NAMED = [
      "bias = self.weight[group][:, (-offsets)", "bias = -self.weight[group][:, (-offsets)"),
     (P + "diet_rel.py", "swap left and right: DIET-REL's offsets i - j read as j - i",
      "(-offsets).clamp(-k, k) + k]", "(offsets).clamp(-k, k) + k]"),
-    (P + "floater.py", "drop a term of an equation: the bounded FLOATER's -lambda p (--floater-dissipation, "
+    (P + "floater/dynamics.py", "drop a term of an equation: the bounded FLOATER's -lambda p (--floater-dissipation, "
      "torchdiffeq's solvers and the adjoint)", "out = torch.tanh(out) - self.dissipation * p", "out = torch.tanh(out)"),
-    (P + "floater_solver.py",
+    (P + "floater/solver.py",
      "drop a term of an equation: the bounded FLOATER's -lambda p (--floater-dissipation, rk4)",
      "return squashed[s, stage] - dissipation * x", "return squashed[s, stage]"),
     (P + "rope.py", "swap left and right: RoPE rotates by -m theta (q_m . k_n still depends on m - n only)",
@@ -154,7 +160,7 @@ def make_copy(out: str, rev: str, tests_from: str, with_tests=()) -> str:
     # FLOATER's C++ loops (_floater_rk4*.so) are not in git, so not in the copy; but the editable
     # install's import finder looks a module of the package up in the checkout when the copy has
     # none, and would load the checkout's build: a module of that name that refuses to import
-    # sends floater_solver to its Python loops, the ones mutated
+    # sends FLOATER's solver to its Python loops, the ones mutated
     with open(os.path.join(tree, "fairseq_posenc", "_floater_rk4.py"), "w") as f:
         f.write('raise ImportError("mutation testing runs the Python loops")\n')
     return tree
@@ -174,7 +180,7 @@ def out_of_tree(tree: str) -> str:
 
 def check_copy(tree: str, env: dict):
     """The copy is what runs: its package, its --user-dir, FLOATER's Python loops."""
-    code = ("import fairseq_posenc, fairseq_posenc.pipeline as p, fairseq_posenc.positions.floater_solver as s;"
+    code = ("import fairseq_posenc, fairseq_posenc.pipeline as p, fairseq_posenc.positions.floater.loops as s;"
             "print(fairseq_posenc.__file__); print(p.USER_DIR); print(s._floater_rk4)")
     package, user_dir, loops = run([sys.executable, "-c", code], cwd=tree, env=env).stdout.splitlines()[-3:]
     assert package.startswith(tree), f"fairseq_posenc is imported from {package}, not the copy"

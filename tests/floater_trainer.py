@@ -24,9 +24,9 @@ from fairseq.trainer import Trainer
 
 from fairseq_posenc import pipeline
 from fairseq_posenc.positions.floater import FloaterODE
-from fairseq_posenc.positions.floater_schedule import SolveSchedule
+from fairseq_posenc.positions.floater.schedule import SolveSchedule
 
-#: the flow model's parameters in the ODE module (floater_schedule.FLOW, spelled out here so that
+#: the flow model's parameters in the ODE module (floater/schedule.py's FLOW, spelled out here so that
 #: the tests run against code from before it)
 FLOW = ("initial", "dynamics.fc1.weight", "dynamics.fc1.bias", "dynamics.time1", "dynamics.fc2.weight",
         "dynamics.fc2.bias", "dynamics.time2")

@@ -1,5 +1,5 @@
 """ALiBi's encoder forms (--alibi-encoder), the attention rows a one-sided head masks entirely,
-and the checkpoints written before the flag existed."""
+and the checkpoints written before the flag existed, refused."""
 import argparse
 import copy
 import math
@@ -287,25 +287,38 @@ def test_sdpa_rows_without_keys_are_zero_whatever_the_kernel_gives(monkeypatch, 
 
 # -- checkpoints from before the flag -------------------------------------------------------
 
+#: the one line that refuses a checkpoint of an earlier form (models/transformer_stacks.py)
+OLD_FORM = (f"the checkpoint has no {FORM_KEY}: it was saved by an earlier version of fairseq_posenc, whose "
+            "checkpoints this one does not load; train the model again")
+
+
 def old_layout(state):
     """A state dict as ALiBi models wrote them before --alibi-encoder: no form stored."""
     return {key: value for key, value in state.items() if key != FORM_KEY}
 
 
-@torch.no_grad()
-def test_a_state_dict_without_the_form_loads_symmetric_whatever_the_flag():
-    trained = alibi_model("--alibi-encoder", "symmetric")  # what such checkpoints were trained with
-    old = old_layout(trained.state_dict())
-    assert len(old) == len(trained.state_dict()) - 1
-    src, lengths, prev = toy_batch(trained.encoder.dictionary, [9, 5, 7], tgt_len=6)
-    expected = full_log_probs(trained, src, lengths, prev)
+def test_a_state_dict_without_the_form_is_refused_whatever_the_flag():
+    from fairseq_posenc.compat import PosencError
+
+    old = old_layout(alibi_model("--alibi-encoder", "symmetric").state_dict())
     for form in ENCODER_FORMS:
         model = alibi_model("--alibi-encoder", form, seed=2)
-        full_log_probs(model, src, lengths, prev)  # keeps tables of its own form
-        model.load_state_dict(old)  # strict: the missing form is not a missing key
-        assert form_of(model) == "symmetric"
-        assert model.state_dict()[FORM_KEY].item() == ENCODER_FORMS.index("symmetric")
-        assert torch.equal(full_log_probs(model, src, lengths, prev), expected)
+        with pytest.raises(PosencError) as refused:
+            model.load_state_dict(old)
+        assert str(refused.value) == OLD_FORM
+        assert form_of(model) == form
+
+
+def test_a_stored_crossed_form_with_one_head_is_refused_at_load():
+    """Built with one head, crossed is refused (it is symmetric there); a state dict that names it
+    is refused the same way, not computed as symmetric."""
+    from fairseq_posenc.compat import PosencError
+
+    model = alibi_model("--encoder-attention-heads", "1")
+    state = model.state_dict()
+    state[FORM_KEY] = torch.tensor(ENCODER_FORMS.index("crossed"))
+    with pytest.raises(PosencError, match=r"^--alibi-encoder crossed with 1 encoder attention head is "):
+        model.load_state_dict(state)
 
 
 @torch.no_grad()
@@ -365,14 +378,17 @@ def _load(path):
     return models[0]
 
 
-def test_fairseq_loads_old_checkpoints_symmetric_and_new_ones_as_trained(checkpoints):
+def test_fairseq_refuses_old_checkpoints_in_one_line_and_loads_new_ones_as_trained(checkpoints):
+    from fairseq_posenc import pipeline
+
     root, epochs = checkpoints
     assert form_of(_load(epochs[-1])) == "split"
-    old = _load(_write_old(epochs[-1], root / "old.pt"))
-    assert form_of(old) == "symmetric"
-    saved = old_layout(torch.load(epochs[-1], map_location="cpu", weights_only=False)["model"])
-    state = old.state_dict()
-    assert all(torch.equal(state[key], value) for key, value in saved.items())
+    old = _write_old(epochs[-1], root / "old.pt")
+    proc = subprocess.run([pipeline.executable("fairseq-generate"), str(root / "bin"), "--user-dir",
+                           pipeline.USER_DIR, "--path", str(old), "--cpu"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == f"fairseq-generate: error: {OLD_FORM}"
+    assert "Traceback" not in proc.stderr
 
 
 def _average(paths, output):
@@ -382,17 +398,13 @@ def _average(paths, output):
     pipeline.run([sys.executable, script, "--inputs", *map(str, paths), "--output", str(output)], f"{output}.log")
 
 
-def test_averaged_checkpoints_keep_the_stored_form_or_its_absence(checkpoints, tmp_path):
+def test_averaged_checkpoints_keep_the_stored_form(checkpoints, tmp_path):
     root, epochs = checkpoints
     _average(epochs, tmp_path / "new.pt")
     averaged = torch.load(tmp_path / "new.pt", map_location="cpu", weights_only=False)["model"]
     # an integer buffer: taken from the newest checkpoint, not averaged into a float
     assert averaged[FORM_KEY].dtype == torch.int64 and averaged[FORM_KEY].item() == ENCODER_FORMS.index("split")
     assert form_of(_load(tmp_path / "new.pt")) == "split"
-
-    _average([_write_old(path, tmp_path / f"old{i}.pt") for i, path in enumerate(epochs)], tmp_path / "old.pt")
-    assert FORM_KEY not in torch.load(tmp_path / "old.pt", map_location="cpu", weights_only=False)["model"]
-    assert form_of(_load(tmp_path / "old.pt")) == "symmetric"
 
 
 def test_the_label_comes_from_the_stored_form_not_the_saved_configuration(checkpoints, tmp_path):
@@ -407,8 +419,6 @@ def test_the_label_comes_from_the_stored_form_not_the_saved_configuration(checkp
     torch.save(state, tmp_path / "rewritten.pt")
     assert form_of(_load(tmp_path / "rewritten.pt")) == "split"
     assert checkpoint_label(str(tmp_path / "rewritten.pt")) == "alibi (split)"
-    # and one from before the flag, whatever the default: symmetric, plain alibi
-    assert checkpoint_label(str(_write_old(epochs[-1], tmp_path / "old.pt"))) == "alibi"
     # the workflow's label rule (recipes/rules/evaluate.smk) reads it from the checkpoint too
     os.rename(tmp_path / "rewritten.pt", tmp_path / "averaged_last1.pt")
     root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -46,6 +46,7 @@ def test_unknown_encoding_lists_the_choices(data_bin, tmp_path):
     choices = ", ".join(repr(name) for name in POSITION_ENCODINGS)  # argparse's order: the registry's
     assert stderr[-1] == (f"fairseq-train: error: argument --position-encoding: invalid choice: 'rotary' "
                           f"(choose from {choices})")
+    assert not any(line.startswith("usage:") for line in stderr)  # not fairseq-train's whole usage before it
     assert not (tmp_path / "run").exists()
 
 

@@ -1,5 +1,6 @@
 """fairseq_posenc.compat: each fix fails without it."""
 import argparse
+import os
 
 import numpy as np
 import pytest
@@ -147,3 +148,49 @@ def test_the_process_group_fairseq_leaves_alive_is_destroyed_at_exit(imported, a
     proc = subprocess.run([sys.executable, "-c", _EXIT_CHECK, imported], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"initialized at exit: {alive}" in proc.stdout
+
+
+def _launch_config(world_size):
+    from fairseq.dataclass.configs import DistributedTrainingConfig
+
+    # tpu is an interpolation of common.tpu in fairseq's config: given here
+    return DistributedTrainingConfig(distributed_world_size=world_size, distributed_port=12345, tpu=False)
+
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "SLURM_JOB_NODELIST",
+                "SLURM_STEP_NODELIST", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS", "SLURM_NODEID"):
+        monkeypatch.delenv(key, raising=False)
+    if torch.cuda.device_count() > 0:
+        pytest.skip("with a GPU fairseq's own launcher code runs (compat.launchers_without_cuda)")
+    return monkeypatch
+
+
+def test_torchrun_without_a_gpu_takes_local_rank_as_the_device(no_launcher):
+    """fairseq takes the device as RANK % torch.cuda.device_count(): a ZeroDivisionError without a GPU."""
+    from fairseq.distributed import utils as distributed_utils
+
+    no_launcher.setenv("MASTER_ADDR", "127.0.0.1")
+    for key, value in {"MASTER_PORT": "29500", "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        no_launcher.setenv(key, value)
+    cfg = _launch_config(2)
+    distributed_utils.infer_init_method(cfg)
+    assert (cfg.distributed_init_method, cfg.distributed_world_size, cfg.distributed_rank, cfg.device_id,
+            cfg.distributed_no_spawn) == ("env://", 2, 1, 1, True)
+
+
+def test_slurm_with_one_task_a_node_without_a_gpu_is_refused_in_one_line(no_launcher, tmp_path):
+    """fairseq makes the world nodes x GPUs: 0 processes without a GPU."""
+    from fairseq.distributed import utils as distributed_utils
+
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho node1\necho node2\n")
+    scontrol.chmod(0o755)
+    no_launcher.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    for key, value in {"SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1",
+                       "SLURM_NODEID": "0"}.items():
+        no_launcher.setenv(key, value)
+    with pytest.raises(compat.PosencError, match=r"^under SLURM with one task a node fairseq starts a process per "
+                       r"GPU, and torch sees none: on the CPU start a task per process \(srun --ntasks-per-node=P\)$"):
+        distributed_utils.infer_init_method(_launch_config(2))

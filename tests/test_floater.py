@@ -1,5 +1,6 @@
 """FLOATER: the paper's sizes, the warm start, and one ODE solve where the design promises one."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -360,6 +361,8 @@ def test_fairseq_trainer_announces_each_update_and_its_passes():
 
     class FakeTrainer:
         model = torch.nn.Sequential(torch.nn.Linear(2, 2), Recorder())
+        device = torch.device("cpu")  # in fp32: what the wrapper reads before fairseq's step
+        cfg = SimpleNamespace(common=SimpleNamespace(fp16=False, memory_efficient_fp16=False))
 
         def _set_seed(self):  # the first thing fairseq's train_step does
             raise Stop

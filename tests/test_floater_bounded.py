@@ -2,14 +2,16 @@
 whose every coordinate stays within max(|p(0)|, 1 / LAMBDA); the warm start is still exactly the
 vanilla model; the adjoint and --floater-solve-every solve the same field. And FLOATER's label
 (``form``), read from the model's state."""
+import re
+
 import pytest
 import torch
 
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.labels import scheme_items
-from fairseq_posenc.positions import floater_schedule
+from fairseq_posenc.positions.floater import schedule as floater_schedule
 from fairseq_posenc.positions.floater import FloaterODE, stability_limit
-from fairseq_posenc.positions.floater_solver import rk4
+from fairseq_posenc.positions.floater.solver import rk4
 from tolerances import assert_within, float32_tolerance, magnitude
 from toy import build_model, full_log_probs, toy_batch
 
@@ -203,8 +205,16 @@ def test_the_label_reads_n_and_c_from_the_checkpoint_not_the_flags():
     assert _items(decoding) == ["solve every 10", "lr scale 1"]
     decoding.encoder.position_encoding.ode.begin_update(1)  # it trains on at N = 1, C = 1
     assert _items(decoding) == []
-    # saved before N was stored: the model's own N
-    legacy = {k: v for k, v in floater().state_dict().items() if not k.endswith("ode._extra_state")}
-    other = floater("--floater-solve-every", "4", seed=3)
-    other.load_state_dict(legacy)
-    assert _items(other) == ["solve every 4", "lr scale 1"]
+    # earlier forms of the plugin's checkpoints: without N, with N alone, with the fingerprint of
+    # 2 float64 sums; each refused in one line, not loaded with the model's own settings
+    ode = "encoder.position_encoding.ode."
+    earlier = {"has no": lambda s: s.pop(ode + "_extra_state"),
+               "holds (1,) for": lambda s: s.update({ode + "_extra_state": torch.tensor([4.0], dtype=torch.float64)}),
+               "holds (2,) for": lambda s: s.update({ode + "fingerprint": torch.zeros(2, dtype=torch.float64)})}
+    for held, change in earlier.items():
+        old = floater().state_dict()
+        change(old)
+        with pytest.raises(PosencError, match=rf"^the checkpoint {re.escape(held)} {ode}\w+: it was saved by an "
+                           "earlier version of fairseq_posenc, whose checkpoints this one does not load; train the "
+                           "model again$"):
+            floater("--floater-solve-every", "4", seed=3).load_state_dict(old)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torchdiffeq import odeint
 
-from fairseq_posenc.positions import floater_solver
+from fairseq_posenc.positions.floater import loops as floater_loops, solver
 from fairseq_posenc.positions.floater import FloaterODE
-from fairseq_posenc.positions.floater_solver import _RK4, _RK4Hidden, rk4
+from fairseq_posenc.positions.floater.solver import _RK4, _RK4Hidden, rk4
 from tolerances import assert_within, float32_tolerance, magnitude
 
 H = ("fc1.weight", "fc1.bias", "time1", "fc2.weight", "fc2.bias", "time2")
@@ -24,7 +24,7 @@ HIDDEN = {"hidden space": 12, "hidden space, Python loops": 12, "state space": 4
 def loops(request, monkeypatch):
     """Runs the "Python loops" forms with the C++ loops switched off."""
     form = request.node.callspec.params.get("form", "") if hasattr(request.node, "callspec") else ""
-    monkeypatch.setattr(floater_solver, "USE_COMPILED", "Python loops" not in form)
+    monkeypatch.setattr(floater_loops, "USE_COMPILED", "Python loops" not in form)
 
 
 def _ode(step=None, seed=3, hidden=12):
@@ -50,7 +50,7 @@ def _solve_and_grads(ode, y0, start, end, solve):
 def _steps(ode, start: int, end: int) -> int:
     """The rk4 steps of a solve over positions start .. end - 1 (torchdiffeq's grid)."""
     times = torch.arange(start, end, dtype=torch.float32) * ode.dt
-    return floater_solver.step_grid(times, ode.step).numel() - 1
+    return solver.step_grid(times, ode.step).numel() - 1
 
 
 def solve_terms(ode, steps: int, gradient: bool) -> int:
@@ -115,13 +115,13 @@ def test_fast_rk4_gives_torchdiffeqs_solution_and_gradients(form, step, start, e
 def test_the_c_plus_plus_loops_are_built_where_a_compiler_is_found():
     if shutil.which("g++") is None and shutil.which("c++") is None:
         pytest.skip("no C++ compiler here: FLOATER runs its Python loops")
-    assert floater_solver._floater_rk4 is not None, "`make install` should have built fairseq_posenc/_floater_rk4"
-    assert floater_solver.compiled_loops(torch.zeros(1)) is floater_solver._floater_rk4
-    assert floater_solver.compiled_loops(torch.zeros(1, dtype=torch.float64)) is None  # float32 only
+    assert floater_loops._floater_rk4 is not None, "`make install` should have built fairseq_posenc/_floater_rk4"
+    assert floater_loops.compiled_loops(torch.zeros(1)) is floater_loops._floater_rk4
+    assert floater_loops.compiled_loops(torch.zeros(1, dtype=torch.float64)) is None  # float32 only
 
 
 @pytest.mark.numerics
-@pytest.mark.skipif(floater_solver._floater_rk4 is None, reason="the C++ loops are not built")
+@pytest.mark.skipif(floater_loops._floater_rk4 is None, reason="the C++ loops are not built")
 @pytest.mark.parametrize("dim, states, length", [(64, 6, 130), (32, 4, 2)])
 def test_c_plus_plus_loops_equal_the_python_loops(monkeypatch, dim, states, length):
     """The same operations in the same order; only the rounding of the loops and of the matmul's
@@ -129,7 +129,7 @@ def test_c_plus_plus_loops_equal_the_python_loops(monkeypatch, dim, states, leng
     computations of the same steps: the same bound."""
     results = []
     for compiled in (True, False):
-        monkeypatch.setattr(floater_solver, "USE_COMPILED", compiled)
+        monkeypatch.setattr(floater_loops, "USE_COMPILED", compiled)
         torch.manual_seed(1)
         ode = FloaterODE(states, dim, dim, dt=0.1, solver="rk4", step=None, adjoint=False)
         with torch.no_grad():
@@ -172,11 +172,11 @@ def test_a_nan_in_hs_hidden_layer_reaches_the_solution_and_gradients_as_through_
             assert_within(a[finite], b[finite], solve_tolerance(ode, steps, b[finite], name != "solution"), name)
 
 
-@pytest.mark.skipif(floater_solver._floater_rk4 is None, reason="the C++ loops are not built")
+@pytest.mark.skipif(floater_loops._floater_rk4 is None, reason="the C++ loops are not built")
 def test_the_c_plus_plus_loops_refuse_arguments_whose_sizes_disagree():
     """The loops index raw memory with sizes taken from u (forward) or rs (backward) and the
     step count: any other argument of another size must be refused, not read out of bounds."""
-    loops = floater_solver._floater_rk4
+    loops = floater_loops._floater_rk4
     n, states, hidden = 3, 2, 5
     dts = [0.1] * n
 

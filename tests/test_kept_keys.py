@@ -14,7 +14,6 @@ import torch
 from fairseq.data import Dictionary
 
 from fairseq_posenc import pipeline, toy_data
-from fairseq_posenc.models.config import as_saved
 from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.kept import kept_result_keys
@@ -34,8 +33,9 @@ def _flag(name):
     return "--" + name.replace("_", "-")
 
 
-def _model(encoding, *flags, seed=1):
-    return with_strong_positions(build_model("transformer_posenc", "--position-encoding", encoding, *flags, seed=seed))
+def _model(encoding, *flags, seed=1, from_checkpoint=False):
+    return with_strong_positions(build_model("transformer_posenc", "--position-encoding", encoding, *flags, seed=seed,
+                                             from_checkpoint=from_checkpoint))
 
 
 def _outputs(model, batch):
@@ -202,11 +202,11 @@ def test_a_stored_solution_is_not_reused_under_another_solver_flag(encoding, fla
     batch = toy_batch(model.encoder.dictionary, [9, 5, 7], tgt_len=6)
     before = _outputs(model, batch)
     state = model.state_dict()
-    changed = _model(encoding, _flag(flag), str(value), seed=99)
-    reference = _model(encoding, _flag(flag), str(value), seed=99)
-    with as_saved():  # as a decode with --model-overrides (a training run refuses another lr scale)
-        changed.load_state_dict(state)
-        reference.load_state_dict(_without_kept(reference, state), strict=False)
+    # built as a decode with --model-overrides is (a training run refuses another lr scale)
+    changed = _model(encoding, _flag(flag), str(value), seed=99, from_checkpoint=True)
+    reference = _model(encoding, _flag(flag), str(value), seed=99, from_checkpoint=True)
+    changed.load_state_dict(state)
+    reference.load_state_dict(_without_kept(reference, state), strict=False)
     after = _outputs(changed, batch)
     assert torch.equal(after, _outputs(reference, batch))
     if flag != "floater_lr_scale":  # weights stored with their lr scale load as the same h

@@ -310,7 +310,7 @@ def test_a_checkpoint_without_a_label_is_refused_naming_the_file(trained):
 
 
 def test_a_warm_started_run_resumed_without_the_flag_keeps_its_lr_scale_and_label(trained):
-    """Warm-started, N = 2: C = 1 (floater_schedule.lr_scale). Resumed without --floater-init-from,
+    """Warm-started, N = 2: C = 1 (floater/schedule.py's lr_scale). Resumed without --floater-init-from,
     the flags alone would give C = min(N, 10) = 2: the weights' C stays, and so does the label. A
     resume that asks for another C is refused, naming both."""
     root, d, results = trained

@@ -53,7 +53,7 @@ def test_an_edit_retrains_the_models_whose_training_runs_the_file(tmp_path):
 
     files = {os.path.relpath(f, root) for f in workflow.code_files(root)}
     # what `import fairseq_posenc` runs, a function's import (the FLOATER solver's) included
-    assert {"fairseq_posenc/__init__.py", "fairseq_posenc/positions/alibi.py", "fairseq_posenc/positions/floater_solver.py",
+    assert {"fairseq_posenc/__init__.py", "fairseq_posenc/positions/alibi.py", "fairseq_posenc/positions/floater/solver.py",
             "fairseq_posenc/models/transformer_posenc.py", "fairseq_posenc/csrc/floater_rk4.cpp"} <= files
     assert not files & {"fairseq_posenc/labels.py", "fairseq_posenc/models/from_flags.py", "fairseq_posenc/pipeline.py",
                         "fairseq_posenc/recipe/workflow.py"}
@@ -67,8 +67,8 @@ def test_an_edit_retrains_the_models_whose_training_runs_the_file(tmp_path):
     edit(os.path.join(root, "fairseq_posenc", "positions", "alibi.py"))
     second = keys()
     assert [e for e in encodings if second[e] != first[e]] == ["alibi"]
-    # FLOATER's solver, imported inside a function: floater's key, and rnn's (trained by floater.py too)
-    edit(os.path.join(root, "fairseq_posenc", "positions", "floater_solver.py"))
+    # FLOATER's solver: floater's key, and rnn's (trained by FLOATER's package too)
+    edit(os.path.join(root, "fairseq_posenc", "positions", "floater", "solver.py"))
     third = keys()
     assert [e for e in encodings if third[e] != second[e]] == ["floater", "rnn"]
     # another scheme's file that a scheme imports itself (learned.py imports sinusoidal.py's

@@ -31,8 +31,8 @@ def model_args(arch, *flags, max_positions=64):
     return from_flags.model_args(arch, [*TINY, *flags], max_positions)
 
 
-def build_model(arch, *flags, seed=1, task=None, max_positions=64):
-    return from_flags.build_from_flags(arch, [*TINY, *flags], task or ToyTask(), max_positions, seed)
+def build_model(arch, *flags, seed=1, task=None, max_positions=64, from_checkpoint=False):
+    return from_flags.build_from_flags(arch, [*TINY, *flags], task or ToyTask(), max_positions, seed, from_checkpoint)
 
 
 def toy_batch(dictionary, lengths, tgt_len=7, seed=0, left_pad_source=True):

@@ -1,4 +1,4 @@
-// The two step loops of FLOATER's hidden-space rk4 (fairseq_posenc/positions/floater_solver.py,
+// The two step loops of FLOATER's hidden-space rk4 (fairseq_posenc/positions/floater/solver.py,
 // _RK4Hidden) in C++. The arithmetic is the Python loops' own, in the same order (except that c is
 // added after the matmul rather than inside torch's addmm, which rounds differently); what goes is
 // Python's cost per operation: a step is four small matmuls and some twenty elementwise passes
@@ -222,7 +222,7 @@ at::Tensor running_sums(const at::Tensor& x, bool reverse) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.doc() = "FLOATER's hidden-space rk4 step loops (fairseq_posenc.positions.floater_solver)";
+  module.doc() = "FLOATER's hidden-space rk4 step loops (fairseq_posenc.positions.floater.solver)";
   module.def("forward_steps", &forward_steps, "rk4 steps forward, in hidden space");
   module.def("backward_steps", &backward_steps, "their discrete adjoint");
   module.def("running_sums", &running_sums, "cumulative sums along the first dimension");

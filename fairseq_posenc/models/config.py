@@ -10,8 +10,6 @@ and with ``--segment-attention`` the fields of the segment bias's ``config``. A 
 flags are refused with every other encoding as soon as its ``config`` declares them.
 """
 import argparse
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import re
@@ -22,6 +20,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..compat import PosencError
 from ..positions import POSITION_ENCODINGS, get_position_encoding
+from ..positions.base import FROM_CHECKPOINT
 from ..positions.segments import SegmentBias
 from ..positions import values
 from ..positions.values import Values
@@ -120,33 +119,36 @@ def _takers(name: str) -> str:
     return ", or ".join(where)
 
 
-#: True while fairseq builds a model from a checkpoint's saved configuration
-_FROM_CHECKPOINT = contextvars.ContextVar("posenc_from_checkpoint", default=False)
+def from_checkpoint(args) -> bool:
+    """Whether the model ``args`` describes is rebuilt from a checkpoint's saved configuration
+    (:func:`load_checkpoints_as_saved`), not a training run's command line."""
+    return bool(getattr(args, FROM_CHECKPOINT, False))
 
 
-def building_from_checkpoint() -> bool:
-    """Whether the model being built or loaded now is rebuilt from a checkpoint's saved
-    configuration (:func:`load_checkpoints_as_saved`), not a training run's command line."""
-    return _FROM_CHECKPOINT.get()
+def as_saved(args):
+    """``args``, marked as a checkpoint's saved configuration: the model built from it is built and
+    loaded as fairseq's loaders do (:func:`load_checkpoints_as_saved`), never refused for a flag."""
+    setattr(args, FROM_CHECKPOINT, True)
+    return args
 
 
-@contextlib.contextmanager
-def as_saved():
-    """Within: models are built and loaded as from a checkpoint's saved configuration, as fairseq's
-    loaders do (:func:`load_checkpoints_as_saved`): never refused for a flag."""
-    token = _FROM_CHECKPOINT.set(True)
-    try:
-        yield
-    finally:
-        _FROM_CHECKPOINT.reset(token)
+def _mark_saved(state):
+    """Mark a checkpoint state's saved model configuration (``args``, or ``cfg``'s model namespace
+    of the legacy architectures, as here) :func:`as_saved`, as fairseq's ``arg_overrides`` would."""
+    cfg = state.get("cfg")
+    for args in (state.get("args"), cfg.get("model") if cfg is not None else None):
+        if isinstance(args, argparse.Namespace):
+            as_saved(args)
 
 
 def load_checkpoints_as_saved():
     """A checkpoint's saved configuration is rebuilt, never refused: it was accepted when it was
     trained, or it predates a change of default (ALiBi's encoder form was ``split``, so every
     checkpoint of that time stores it, whatever its encoding). Every loader of fairseq (generate,
-    the hub, --load-checkpoint of a teacher) goes through ``load_model_ensemble_and_task``; a
-    training run builds from its command line and is still checked."""
+    the hub, --load-checkpoint of a teacher) goes through ``load_model_ensemble_and_task``: it
+    adds :data:`~..positions.base.FROM_CHECKPOINT` to the ``arg_overrides`` it passes on (to a
+    state given to it, which fairseq does not override, directly), so the model's configuration
+    says so; a training run builds from its command line and is still checked."""
     from fairseq import checkpoint_utils
 
     load = checkpoint_utils.load_model_ensemble_and_task
@@ -154,19 +156,30 @@ def load_checkpoints_as_saved():
         return
 
     @functools.wraps(load)
-    def load_as_saved(*args, **kwargs):
-        with as_saved():
-            return load(*args, **kwargs)
+    def load_as_saved(filenames, arg_overrides=None, task=None, strict=True, suffix="", num_shards=1, state=None):
+        if state is not None:
+            _mark_saved(state)
+        overrides = {**(arg_overrides or {}), FROM_CHECKPOINT: True}
+        return load(filenames, overrides, task, strict, suffix, num_shards, state)
 
     load_as_saved.posenc_as_saved = True
     checkpoint_utils.load_model_ensemble_and_task = load_as_saved
+
+
+def refuse_misplaced_blocks(args):
+    """One line for ``--position-blocks`` with an encoding that has no position encoder to place."""
+    blocks = getattr(args, "position_blocks", None)
+    if blocks is not None and get_position_encoding(args.position_encoding).default_blocks is None:
+        placeable = ", ".join(name for name, scheme in POSITION_ENCODINGS.items() if scheme.default_blocks)
+        raise PosencError(f"--position-blocks {blocks}: --position-encoding {args.position_encoding} has no "
+                          f"position encoder to place at the input or at every block (only {placeable} have one)")
 
 
 def refuse_unused_flags(args):
     """One line (:class:`PosencError`) for the first plugin flag set away from its default that
     the model ``args`` describes does not use: it would change nothing. Not for a model rebuilt
     from a checkpoint (:func:`load_checkpoints_as_saved`)."""
-    if _FROM_CHECKPOINT.get():
+    if from_checkpoint(args):
         return
     used = flags_in_use(args)
     for config in ALL_CONFIGS:
@@ -215,7 +228,7 @@ def refuse_positions_removed(args):
     ``--position-encoding none``: it removes the input embedding that sinusoidal, learned, floater
     and rnn are built on, and the other encodings drop that embedding anyway (unless
     --keep-input-positions keeps it)."""
-    if _FROM_CHECKPOINT.get() or not getattr(args, POSITIONS_REMOVED_GIVEN, False):
+    if from_checkpoint(args) or not getattr(args, POSITIONS_REMOVED_GIVEN, False):
         return
     model = f"--position-encoding {args.position_encoding}"
     kept = get_position_encoding(args.position_encoding).input_embedding

@@ -19,10 +19,16 @@ def model_args(arch: str, flags: Sequence[str], max_positions: int = 1024) -> ar
     return args
 
 
-def build_from_flags(arch: str, flags: Sequence[str], task, max_positions: int = 1024, seed: int = 1):
-    """``task`` needs ``source_dictionary`` and ``target_dictionary``."""
+def build_from_flags(arch: str, flags: Sequence[str], task, max_positions: int = 1024, seed: int = 1,
+                     from_checkpoint: bool = False):
+    """``task`` needs ``source_dictionary`` and ``target_dictionary``; ``from_checkpoint``: built as
+    from a checkpoint's saved configuration (:func:`.config.as_saved`), as a decode does."""
+    from .config import as_saved
+
     torch.manual_seed(seed)
     args = model_args(arch, flags, max_positions)
+    if from_checkpoint:
+        as_saved(args)
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
 
 

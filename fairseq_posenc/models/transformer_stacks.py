@@ -17,7 +17,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..compat import PosencError
 from ..modules import PosencDecoderLayer, PosencEncoderLayer, PositionalAttention
-from ..positions import get_position_encoding
+from ..positions import get_position_encoding, kept
 from ..positions.segments import SegmentBias
 
 
@@ -55,6 +55,31 @@ def _check_table_sizes(stack, state_dict, name: str):
                 f"{key} holds {tuple(stored.shape)} where this model has {tuple(tensor.shape)}: "
                 f"{type(scheme).__name__} cannot extrapolate, its table ends at the {scheme.length_flag} it "
                 f"was trained with; do not raise that with --model-overrides")
+
+
+def _refuse_earlier_forms(stack, state_dict, name: str):
+    """The settings a position encoding saves beside its weights (buffers, extra states) must be there
+    in the form this code saves them; of a kept result (FLOATER's solution, which grows) the number of
+    dimensions and whether it is floating point. A checkpoint of an earlier form of the plugin is
+    refused in one line, not loaded through branches that guess what it held."""
+    with kept.not_saving():
+        own = stack.state_dict()
+    parameters, results = {n for n, _ in stack.named_parameters()}, kept.kept_result_keys(stack)
+
+    def form(key, tensor):
+        tensor = torch.as_tensor(tensor)
+        return (tensor.dim(), tensor.is_floating_point()) if key in results else tensor.shape
+
+    for key, tensor in own.items():
+        if not key.startswith(("position_encoding.", "segment_bias.")) or key in parameters:
+            continue
+        stored = state_dict.get(f"{name}.{key}")
+        if stored is None and key in results:  # kept results are saved when there are some
+            continue
+        if stored is None or form(key, stored) != form(key, tensor):
+            held = "has no" if stored is None else f"holds {tuple(torch.as_tensor(stored).shape)} for"
+            raise PosencError(f"the checkpoint {held} {name}.{key}: it was saved by an earlier version of "
+                              "fairseq_posenc, whose checkpoints this one does not load; train the model again")
 
 
 class LongestTrained:
@@ -113,6 +138,7 @@ class PosencTransformerEncoder(LongestTrained, TransformerEncoderBase):
 
     def upgrade_state_dict_named(self, state_dict, name):
         _check_table_sizes(self, state_dict, name)
+        _refuse_earlier_forms(self, state_dict, name)
         return super().upgrade_state_dict_named(state_dict, name)
 
     def build_encoder_layer(self, cfg):
@@ -134,6 +160,7 @@ class PosencTransformerDecoder(LongestTrained, TransformerDecoderBase):
 
     def upgrade_state_dict_named(self, state_dict, name):
         _check_table_sizes(self, state_dict, name)
+        _refuse_earlier_forms(self, state_dict, name)
         return super().upgrade_state_dict_named(state_dict, name)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):

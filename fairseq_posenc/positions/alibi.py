@@ -26,12 +26,10 @@ about it; ``--alibi-encoder`` chooses the form:
 published form: a row called "alibi" is the ALiBi the literature means, and reports name the
 others (``alibi (split)``, :meth:`ALiBi.form`). docs/encodings.md compares the forms.
 
-Checkpoints written before ``--alibi-encoder`` existed were trained with the symmetric form;
-those written while the default was ``split`` store their form.
-ALiBi has no parameters, so nothing in such a state dict tells the form by its shape: the
-encoder's form is stored in a persistent integer buffer (``encoder_form``, its index in
-:data:`ENCODER_FORMS`), and a state dict without it loads as ``symmetric`` whatever the flag
-says. A state dict with it loads the form it names: that is what the weights were trained with.
+ALiBi has no parameters, so nothing in a state dict tells the form by its shape: the encoder's
+form is stored in a persistent integer buffer (``encoder_form``, its index in
+:data:`ENCODER_FORMS`), and a state dict loads the form it names: that is what the weights were
+trained with.
 """
 import logging
 import math
@@ -50,8 +48,6 @@ logger = logging.getLogger(__name__)
 #: the encoder forms; a checkpoint stores the index, so new forms are appended, never inserted
 ENCODER_FORMS = ("symmetric", "split", "crossed")
 DEFAULT_ENCODER_FORM = "symmetric"
-#: the form of checkpoints that have no ``encoder_form`` (written before the flag existed)
-LEGACY_ENCODER_FORM = "symmetric"
 
 
 @dataclass
@@ -117,11 +113,8 @@ class ALiBi(PositionEncoding):
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
         self.bias_form = "symmetric"  # the decoder's bias, before its causal mask
         if side == "encoder":
+            # before the first update: the model is built before training starts
             self.bias_form = self._check_form(getattr(cfg, "alibi_encoder", DEFAULT_ENCODER_FORM))
-            if self.bias_form == "crossed" and num_heads < 2:
-                # before the first update: the model is built before training starts
-                raise PosencError("--alibi-encoder crossed with 1 encoder attention head is --alibi-encoder symmetric "
-                                  "(its one head has the same slope on both sides): use symmetric")
             # an integer: averaging checkpoints and model.half() leave it as it is
             self.register_buffer("encoder_form", torch.tensor(ENCODER_FORMS.index(self.bias_form)))
 
@@ -132,26 +125,22 @@ class ALiBi(PositionEncoding):
 
     def carried_options(self) -> dict:
         """The encoder's form as the weights carry it (the ``encoder_form`` buffer once loaded), not
-        the flag's; crossed with one head computes the symmetric bias (only a checkpoint from before
-        its refusal has it). The decoder is causal: the flag does not apply, its form is the published one."""
+        the flag's. The decoder is causal: the flag does not apply, its form is the published one."""
         form = self.bias_form if self.side == "encoder" else DEFAULT_ENCODER_FORM
-        if form == "crossed" and self.num_heads < 2:
-            form = "symmetric"
         return {**super().carried_options(), "alibi_encoder": form}
 
     def _check_form(self, form: str) -> str:
         if form == "split" and self.num_heads < 2:
             raise PosencError(f"--alibi-encoder split needs at least 2 encoder attention heads, one per side, got "
                              f"{self.num_heads}; one head would see only the left (a causal encoder)")
+        if form == "crossed" and self.num_heads < 2:
+            raise PosencError("--alibi-encoder crossed with 1 encoder attention head is --alibi-encoder symmetric "
+                              "(its one head has the same slope on both sides): use symmetric")
         return form
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        if self.side == "encoder":
-            key = prefix + "encoder_form"
-            legacy = key not in state_dict
-            if legacy:
-                # written before --alibi-encoder existed: trained with the symmetric bias
-                state_dict[key] = torch.tensor(ENCODER_FORMS.index(LEGACY_ENCODER_FORM))
+        key = prefix + "encoder_form"
+        if self.side == "encoder" and key in state_dict:  # (a missing one: torch's strict load says so)
             index = int(state_dict[key])
             if not 0 <= index < len(ENCODER_FORMS):
                 raise PosencError(f"{key} is {index}, not an --alibi-encoder form this code knows "
@@ -159,11 +148,8 @@ class ALiBi(PositionEncoding):
             stored = self._check_form(ENCODER_FORMS[index])
             if stored != self.bias_form:
                 # the weights were trained with the stored form: they keep it, whatever the flag
-                # (expected for checkpoints older than the flag, so only noted for those)
-                (logger.info if legacy else logger.warning)(
-                    f"{key}: the weights were trained with --alibi-encoder {stored}"
-                    + (" (written before the flag existed)" if legacy else "")
-                    + f"; they load with it, not with the --alibi-encoder {self.bias_form} this model was built with")
+                logger.warning(f"{key}: the weights were trained with --alibi-encoder {stored}; they load with it, "
+                               f"not with the --alibi-encoder {self.bias_form} this model was built with")
             self.bias_form = stored
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 

@@ -32,6 +32,11 @@ from ..compat import PosencError
 from . import values
 from .kept import ForgetsKeptOnCopy, KeptFrom, kept_key
 
+#: the attribute of a model's configuration that says it is rebuilt from a checkpoint's saved
+#: configuration (set by the models layer through fairseq's ``arg_overrides``), not from a training
+#: run's command line: encodings read it from the configuration they are built with
+FROM_CHECKPOINT = "posenc_from_checkpoint"
+
 #: positions a table covers at least when it is kept for decoding
 MIN_TABLE = 64
 
@@ -170,15 +175,8 @@ class PositionEncoding(ForgetsKeptOnCopy, nn.Module):
     # hooks; the defaults do nothing
     @classmethod
     def finish_model(cls, model, args):
-        """Called once the whole model is built: refuses --position-blocks where it means nothing,
-        hands each stack's scheme its input embedding, links the decoder's scheme to the encoder's."""
-        blocks = getattr(args, "position_blocks", None)
-        if blocks is not None and cls.default_blocks is None:
-            from . import POSITION_ENCODINGS
-
-            placeable = ", ".join(name for name, scheme in POSITION_ENCODINGS.items() if scheme.default_blocks)
-            raise PosencError(f"--position-blocks {blocks}: --position-encoding {args.position_encoding} has no "
-                              f"position encoder to place at the input or at every block (only {placeable} have one)")
+        """Called once the whole model is built: hands each stack's scheme its input embedding, links
+        the decoder's scheme to the encoder's."""
         for stack in (model.encoder, model.decoder):
             stack.position_encoding.use_input_embedding(stack.embed_positions)
         model.decoder.position_encoding.tie(model.encoder.position_encoding)

@@ -18,7 +18,7 @@ The parameters keep their names, and S is saved beside them (the module's ``_ext
 only in the checkpoint's args: weights loaded into a model of another S (``--finetune-from-model``,
 ``--restore-file`` with a changed flag, ``load_state_dict`` by hand) are rescaled on load so that
 the model computes the same biases, where they would otherwise be multiplied by S_new / S_old
-(DIET-ABS's product by its square). Checkpoints written before the flag existed hold S = 1.
+(DIET-ABS's product by its square).
 """
 import logging
 import math
@@ -80,7 +80,7 @@ class ScaledBiases:
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "_extra_state"
-        stored = float(state_dict[key]) if key in state_dict else 1.0
+        stored = float(state_dict[key])
         #: what the weights learned with, for :meth:`carried_options` (the label of a report)
         self.trained_bias_scale = stored
         # averaging checkpoints sums S in float64: equal up to its rounding is equal

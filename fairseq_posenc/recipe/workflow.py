@@ -268,8 +268,13 @@ def _encoding_files(root: str = ROOT) -> Dict[str, set]:
 
     owned = {}
     for name, cls in POSITION_ENCODINGS.items():
-        owned[name] = {os.path.join(root, *c.__module__.split(".")) + ".py" for c in cls.__mro__
-                       if c.__module__.startswith("fairseq_posenc.")}
+        owned[name] = set()
+        for c in cls.__mro__:
+            if c.__module__.startswith("fairseq_posenc."):
+                parts = c.__module__.split(".")
+                owned[name].add(os.path.join(root, *parts) + ".py")
+                if len(parts) > 3:  # a scheme in a package of its own (positions/floater/): the package too
+                    owned[name].add(os.path.join(root, *parts[:3], "__init__.py"))
     return owned
 
 
@@ -300,7 +305,7 @@ _CODE_CACHE: Dict[tuple, str] = {}
 
 def code_key(encoding: str, root: str = ROOT) -> str:
     """12 hex digits of what trains a model of ``encoding``: the source of :func:`code_files`
-    (a class of another encoding in this one's MRO counts: rnn is trained by floater.py too) and
+    (a class of another encoding in this one's MRO counts: rnn is trained by FLOATER's package too) and
     the versions of fairseq, torch and Python. An edit of fairseq_posenc/positions/alibi.py
     retrains the alibi models and no other, one of FLOATER's solver the floater and rnn models; an
     edit of the shared model code or an upgrade retrains every model; an edit of a module that

@@ -18,11 +18,11 @@ autograd's graph of thousands of nodes costs more than the solve. Here:
   than small ones per evaluation.
 
 The hidden-space loops also exist in C++ (``fairseq_posenc/csrc/floater_rk4.cpp``, built by
-``make install``; :func:`compiled_loops`), the same operations without Python's cost per
+``make install``; :mod:`.loops`), the same operations without Python's cost per
 operation; everything around the loops stays here. Timings of torchdiffeq, the Python loops and
 the C++ loops (``scripts/benchmark.py --floater-solve``): docs/floater_results.md.
 
-h(t, z) = relu(z W1 + b1 + t time1) W2 + b2 + t time2 (:class:`~.floater.Float32Field`). With
+h(t, z) = relu(z W1 + b1 + t time1) W2 + b2 + t time2 (:class:`~.dynamics.Float32Field`). With
 --floater-dissipation LAMBDA the field is tanh(h(t, z)) - LAMBDA z, which is not linear in h's
 hidden layer: it runs in :class:`_RK4`'s loops (state space, Python), whose backward carries the
 tanh's slope and the decay.
@@ -32,23 +32,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from .config import FIXED_STEP_SOLVERS
+from .loops import _WEIGHTS, loops_for
+
 #: steps whose weight gradients are gathered into one matmul (bounds the backward's buffers)
 CHUNK = 64
-
-try:  # the step loops in C++, built by `make install` (setup.py) where a C++ compiler is found
-    from .. import _floater_rk4
-except ImportError:
-    _floater_rk4 = None
-
-#: False runs the Python loops even where the C++ ones are built (tests compare the two)
-USE_COMPILED = True
-
-
-def compiled_loops(like: Tensor):
-    """The C++ step loops for tensors like ``like``, or None: they run float32 on the CPU."""
-    if USE_COMPILED and _floater_rk4 is not None and like.device.type == "cpu" and like.dtype == torch.float32:
-        return _floater_rk4
-    return None
 
 
 def step_grid(times: Tensor, step: float) -> Tensor:
@@ -68,6 +56,26 @@ def _interpolation(times: Tensor, grid: Tensor):
     t0, t1 = grid[steps], ends[steps]
     slope = (times[1:] - t0) / (t1 - t0)
     return steps, slope, times[1:] == t0, times[1:] == t1
+
+
+def _read(y_start: Tensor, y_end: Tensor, slope: Tensor, at_start: Tensor, at_end: Tensor) -> Tensor:
+    """The outputs read off the steps that hold them (:func:`_interpolation`)."""
+    inside = y_start + slope[:, None, None] * (y_end - y_start)
+    return torch.where(at_start[:, None, None], y_start, torch.where(at_end[:, None, None], y_end, inside))
+
+
+def _read_backward(grad_out: Tensor, n: int, steps: Tensor, slope: Tensor, at_start: Tensor,
+                   at_end: Tensor) -> Tensor:
+    """The backward of reading the outputs (the first is y0, then :func:`_read`): the gradient on y at
+    each of the n + 1 grid points, (n + 1, states, dim)."""
+    grad_ys = grad_out.new_zeros(n + 1, *grad_out.shape[1:])
+    grad_ys[0] += grad_out[0]
+    g = grad_out[1:]
+    w_start = torch.where(at_start, 1.0, torch.where(at_end, 0.0, 1 - slope))
+    w_end = torch.where(at_end, 1.0, torch.where(at_start, 0.0, slope))
+    grad_ys.index_add_(0, steps, g * w_start[:, None, None])
+    grad_ys.index_add_(0, steps + 1, g * w_end[:, None, None])
+    return grad_ys
 
 
 def _stages(times: Tensor, step: float, b1: Tensor, time1: Tensor, b2: Tensor, time2: Tensor):
@@ -122,10 +130,7 @@ class _RK4(torch.autograd.Function):
             torch.add(y, (k1 + 3 * (k2 + k3) + k4) * h * 0.125, out=ys[i + 1])
 
         steps, slope, at_start, at_end = _interpolation(times, grid)
-        y_start, y_end = ys[steps], ys[steps + 1]
-        inside = y_start + slope[:, None, None] * (y_end - y_start)
-        out = torch.where(at_start[:, None, None], y_start, torch.where(at_end[:, None, None], y_end, inside))
-        out = torch.cat([y0[None], out])
+        out = torch.cat([y0[None], _read(ys[steps], ys[steps + 1], slope, at_start, at_end)])
         if store:
             ctx.dissipation = dissipation
             ctx.save_for_backward(stage_times, dt, ys, zs, hs, steps, slope, at_start, at_end, w1, w2,
@@ -139,14 +144,7 @@ class _RK4(torch.autograd.Function):
         dissipation = ctx.dissipation
         n, _, states, dim = zs.shape
         hidden = hs.size(-1)
-        # gradient arriving at each grid state from the interpolated outputs
-        grad_ys = torch.zeros_like(ys)
-        grad_ys[0] += grad_out[0]
-        g = grad_out[1:]
-        w_start = torch.where(at_start, 1.0, torch.where(at_end, 0.0, 1 - slope))
-        w_end = torch.where(at_end, 1.0, torch.where(at_start, 0.0, slope))
-        grad_ys.index_add_(0, steps, g * w_start[:, None, None])
-        grad_ys.index_add_(0, steps + 1, g * w_end[:, None, None])
+        grad_ys = _read_backward(grad_out, n, steps, slope, at_start, at_end)
 
         gw1, gw2 = w1.new_zeros(w1.shape), w2.new_zeros(w2.shape)
         gb1_t = w1.new_zeros(n, 4, hidden)  # per evaluation, summed over states
@@ -200,10 +198,6 @@ class _RK4(torch.autograd.Function):
         return None, None, None, adjoint, gw1, gb1, gtime1, gw2, gb2, gtime2
 
 
-#: the rk4 weights of a step's four evaluations: y1 = y0 + h / 8 (k1 + 3 k2 + 3 k3 + k4)
-_WEIGHTS = (0.125, 0.375, 0.375, 0.125)
-
-
 class _RK4Hidden(torch.autograd.Function):
     """The same steps carried in h's hidden space: half the matmuls.
 
@@ -230,7 +224,7 @@ class _RK4Hidden(torch.autograd.Function):
         rs = y0.new_empty(n if store else 1, 4, states, hidden)
         # the steps' weighted sums of relu(p), whose running total times W2 moves y
         rho = y0.new_empty(n, states, hidden)
-        loops = compiled_loops(u) or _PythonLoops
+        loops = loops_for(u)
         loops.forward_steps(u.contiguous(), bias1.contiguous(), c.contiguous(), m.contiguous(), dt.tolist(), rs, rho)
         weights = dt[:, None] * dt.new_tensor(_WEIGHTS)  # (N, 4)
         beta = (weights[..., None] * bias2).sum(1)  # (N, dim): the b2 terms of each step
@@ -241,9 +235,7 @@ class _RK4Hidden(torch.autograd.Function):
         steps, slope, at_start, at_end = _interpolation(times, grid)
         read = torch.cat([steps, steps + 1])
         ys = y0 + totals[read].matmul(w2) + beta_totals[read][:, None]
-        y_start, y_end = ys.chunk(2)
-        inside = y_start + slope[:, None, None] * (y_end - y_start)
-        out = torch.where(at_start[:, None, None], y_start, torch.where(at_end[:, None, None], y_end, inside))
+        out = _read(*ys.chunk(2), slope, at_start, at_end)
         if store:
             ctx.save_for_backward(stage_times, dt, rs, rho, y0, m, c, bias2, steps, slope, at_start, at_end,
                                   w1, w2)
@@ -255,17 +247,10 @@ class _RK4Hidden(torch.autograd.Function):
         (stage_times, dt, rs, rho, y0, m, c, bias2, steps, slope, at_start, at_end, w1, w2) = ctx.saved_tensors
         n, _, states, hidden = rs.shape
         dim = y0.size(1)
-        # the gradient on y at each grid point, from the interpolated outputs: (N + 1, states, dim)
-        grad_ys = grad_out.new_zeros(n + 1, states, dim)
-        grad_ys[0] += grad_out[0]
-        g = grad_out[1:]
-        w_start = torch.where(at_start, 1.0, torch.where(at_end, 0.0, 1 - slope))
-        w_end = torch.where(at_end, 1.0, torch.where(at_start, 0.0, slope))
-        grad_ys.index_add_(0, steps, g * w_start[:, None, None])
-        grad_ys.index_add_(0, steps + 1, g * w_end[:, None, None])
+        grad_ys = _read_backward(grad_out, n, steps, slope, at_start, at_end)
         # y_j = y0 + (rho_0 + ... + rho_{j-1}) W2 + (beta_0 + ... + beta_{j-1}): step i's sums reach
         # every y after it
-        loops = compiled_loops(grad_ys) or _PythonLoops
+        loops = loops_for(grad_ys)
         later = loops.running_sums(grad_ys, True)[1:]
         grad_y0 = grad_ys.sum(0)
         grad_w2 = rho.reshape(-1, hidden).t().mm(later.reshape(-1, dim))
@@ -291,72 +276,6 @@ class _RK4Hidden(torch.autograd.Function):
         return None, None, grad_y0, grad_w1, grad_b1, grad_time1, grad_w2, grad_b2, grad_time2
 
 
-class _PythonLoops:
-    """The step loops of :class:`_RK4Hidden` in Python, with the C++ loops' signatures: they run
-    where those are not built, on a GPU, and for float64."""
-
-    @staticmethod
-    def forward_steps(u: Tensor, bias1: Tensor, c: Tensor, m: Tensor, dts: Sequence[float], rs: Tensor,
-                      rho: Tensor):
-        """Steps forward from u = y W1; each evaluation's relu(p) into ``rs`` (N or 1 of them),
-        each step's weighted sum of them into ``rho``."""
-        store = rs.size(0) == len(dts)
-        for i, h in enumerate(dts):
-            r = rs[i if store else 0]
-            torch.add(u, bias1[i, 0], out=r[0]).relu_()
-            q1 = torch.addmm(c[i, 0], r[0], m)
-            torch.add(u, q1, alpha=h / 3, out=r[1]).add_(bias1[i, 1]).relu_()
-            q2 = torch.addmm(c[i, 1], r[1], m)
-            torch.add(u, q2 - q1 * (1 / 3), alpha=h, out=r[2]).add_(bias1[i, 2]).relu_()
-            q3 = torch.addmm(c[i, 2], r[2], m)
-            torch.add(u, q1 - q2 + q3, alpha=h, out=r[3]).add_(bias1[i, 3]).relu_()
-            q4 = torch.addmm(c[i, 3], r[3], m)
-            u = u + (q1 + 3 * (q2 + q3) + q4) * (h * 0.125)
-            torch.add(r[0] + r[3], r[1] + r[2], alpha=3, out=rho[i]).mul_(h * 0.125)
-
-    @staticmethod
-    def backward_steps(rs: Tensor, grad_rho: Tensor, m: Tensor, dts: Sequence[float], chunk: int, grad_m: Tensor,
-                       grad_c: Tensor, grad_b1: Tensor) -> Tensor:
-        """The discrete adjoint of :meth:`forward_steps`: accumulates into ``grad_m``, fills
-        ``grad_c`` and ``grad_b1`` (summed over the states) and returns the gradient on u."""
-        n, _, states, hidden = rs.shape
-        g_q = rs.new_empty(chunk, 4, states, hidden)  # the gradient on each q
-        g_p = rs.new_empty(chunk, 4, states, hidden)  # on each pre-activation p
-        mt = m.t()
-        adjoint = rs.new_zeros(states, hidden)  # on u after the last step: u is not an output
-        for i in range(n - 1, -1, -1):
-            k, h = i % chunk, dts[i]
-            gq, gp, r, g_rho = g_q[k], g_p[k], rs[i], grad_rho[i]
-
-            def vjp(stage: int, grad: Tensor) -> Tensor:
-                """p's gradient from q's, and from rho's through relu(p)."""
-                gq[stage] = grad
-                g_r = torch.addmm(g_rho, grad, mt, beta=h * _WEIGHTS[stage])
-                return torch.ops.aten.threshold_backward.grad_input(g_r, r[stage], 0, grad_input=gp[stage])
-
-            # p2 = u + h q1 / 3, p3 = u + h (q2 - q1 / 3), p4 = u + h (q1 - q2 + q3), p_i += b1(t_i)
-            a = adjoint
-            gq4 = a * (h * 0.125)
-            gp4 = vjp(3, gq4)
-            gp3 = vjp(2, a * (h * 0.375) + gp4 * h)
-            gp2 = vjp(1, a * (h * 0.375) + (gp3 - gp4) * h)
-            gp1 = vjp(0, gq4 + (gp4 + (gp2 - gp3) * (1 / 3)) * h)
-            adjoint = a + gp1 + gp2 + gp3 + gp4
-
-            if k == 0:  # the chunk is done: its weight gradients in one matmul
-                count = min(chunk, n - i)
-                done = slice(i, i + count)
-                grad_m.addmm_(rs[done].reshape(-1, hidden).t(), g_q[:count].reshape(-1, hidden))
-                grad_c[done] = g_q[:count].sum(2)
-                grad_b1[done] = g_p[:count].sum(2)
-        return adjoint
-
-    @staticmethod
-    def running_sums(x: Tensor, reverse: bool) -> Tensor:
-        """Cumulative sums along the first dimension, from the end with ``reverse``."""
-        return x.flip(0).cumsum(0).flip(0) if reverse else x.cumsum(0)
-
-
 def rk4(weights: Sequence[Tensor], y0: Tensor, times: Tensor, step: float, dissipation: float = 0.0) -> Tensor:
     """``odeint(Float32Field(weights, dissipation), y0, times, method="rk4", options={"step_size": step})``:
     (len(times), *y0.shape), differentiable in ``y0`` and the weights, in the dtype of ``y0``
@@ -370,3 +289,20 @@ def rk4(weights: Sequence[Tensor], y0: Tensor, times: Tensor, step: float, dissi
         if hidden < 2 * dim:
             return _RK4Hidden.apply(times, step, y0, *weights)
         return _RK4.apply(times, step, 0.0, y0, *weights)
+
+
+def solve(field, y0: Tensor, times: Tensor, method: str, step: float, adjoint: bool) -> Tensor:
+    """p at ``times`` from p(times[0]) = y0 under ``field`` (:class:`~.dynamics.Float32Field`) with
+    torchdiffeq's ``method``: FLOATER's own rk4 where it applies, torchdiffeq otherwise, with the
+    adjoint method under autograd if ``adjoint``."""
+    from torchdiffeq import odeint, odeint_adjoint
+
+    options = {"step_size": step} if method in FIXED_STEP_SOLVERS else None
+    if method == "rk4" and not (adjoint and torch.is_grad_enabled()):
+        # torchdiffeq's rk4 op for op, with a hand-written backward
+        return rk4(field.weights, y0, times, step, field.dissipation)
+    if adjoint and torch.is_grad_enabled():
+        # the solve differentiates the float32 weights; their casts carry the gradients on
+        return odeint_adjoint(field, y0, times, method=method, options=options,
+                              adjoint_params=tuple(w for w in field.weights if w.requires_grad))
+    return odeint(field, y0, times, method=method, options=options)

@@ -46,15 +46,14 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from ..compat import PosencError
+from ...compat import PosencError
+from ..base import at_least_float32
+from .dynamics import DYNAMICS
 
 logger = logging.getLogger(__name__)
 
 PENDING = "pending_gradient"
-#: the extra state of FLOATER's dynamics: the C its weights (and the initial states) were saved with
-SCALE_KEY = "dynamics._extra_state"
 #: the flow model's parameters, named in the ODE module; the dynamics' in Float32Field's order
-DYNAMICS = ("fc1.weight", "fc1.bias", "time1", "fc2.weight", "fc2.bias", "time2")
 FLOW = ("initial",) + tuple("dynamics." + name for name in DYNAMICS)
 #: ``--ddp-backend`` values whose gradient exchange this module handles
 DDP_BACKENDS = ("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d")
@@ -81,47 +80,6 @@ def lr_scale(solve_every: int, scale: Optional[float], warm_start: bool = False)
     if scale is not None:
         return float(scale)
     return 1.0 if warm_start else min(float(solve_every), MAX_DEFAULT_LR_SCALE)
-
-
-def rescale_on_load(ode, state_dict, prefix: str):
-    """A load pre-hook of :class:`~.floater.FloaterODE`, for weights saved with a C other than the
-    model's. Without ``--floater-lr-scale`` the model takes the stored C, so that a resumed run goes
-    on with the C it was trained with (a warm-started run's 1, whatever the default rule says for
-    the flags of the resume). A training run that asks for another C is refused, naming both; a
-    model rebuilt from a checkpoint with another C (``--model-overrides``) gets the weights rescaled
-    so that it computes what was saved (as ``--position-bias-scale`` does). A state dict without
-    the entry was saved before C was stored: its h holds W / C of the model it is loaded into
-    (fairseq rebuilds a model from its own flags), and its initial states W itself."""
-    from ..models.config import building_from_checkpoint
-
-    if getattr(ode, "dynamics", None) is None:  # the RNN's subclass has no dynamics
-        return
-    key, current = prefix + SCALE_KEY, ode.lr_scale
-    stored = float(state_dict[key]) if key in state_dict else None
-    if stored is not None and not math.isclose(stored, current, rel_tol=1e-9):
-        if not ode._lr_scale_given:
-            logger.info(f"{prefix.rstrip('.')}: the weights were trained with --floater-lr-scale {stored:g}: the "
-                        f"model goes on with it (the default for its flags is {current:g})")
-            ode.set_lr_scale(stored)
-            current = stored
-        elif not building_from_checkpoint():
-            raise PosencError(f"--floater-lr-scale {current:g}: the FLOATER weights loaded were trained with "
-                              f"--floater-lr-scale {stored:g}; drop the flag to go on with {stored:g}, or start a new "
-                              "run for another C")
-    # the C the weights were trained with, for the model's label (FloaterPositionEncoding.form)
-    ode.dynamics._trained_scale = current if stored is None else stored
-    ratios = {"initial": 1.0 / current} if stored is None else dict.fromkeys(FLOW, stored / current)
-    if stored is None:
-        ratios.update(dict.fromkeys(FLOW[1:], 1.0))
-    for name, ratio in ratios.items():
-        # averaging checkpoints sums C in float64: equal up to its rounding is equal
-        if prefix + name in state_dict and not math.isclose(ratio, 1.0, rel_tol=1e-9):
-            state_dict[prefix + name] = state_dict[prefix + name] * ratio
-    if stored is not None and not math.isclose(stored, current, rel_tol=1e-9):
-        logger.info(f"{prefix.rstrip('.')}: weights saved with --floater-lr-scale {stored:g} loaded into a model "
-                    f"with {current:g}: h and the initial states multiplied by {stored / current:g}, so that "
-                    "they compute what was saved")
-    state_dict[key] = torch.tensor(current, dtype=torch.float64)
 
 
 def resume_cycle(ode, saved_every: int, saved_at: int, num_updates: int):
@@ -245,7 +203,7 @@ def _all_reduce_mean(total: Tensor, trainer) -> Tensor:
 
 
 class SolveSchedule:
-    """The state of ``--floater-solve-every N`` for one :class:`~.floater.FloaterODE`."""
+    """The state of ``--floater-solve-every N`` for one :class:`~.ode.FloaterODE`."""
 
     def __init__(self, every: int):
         self.every = every
@@ -325,8 +283,6 @@ class SolveSchedule:
         """d(mean . solution) / d(flow parameters), in float32, from one solve with autograd on
         float32 copies of the parameters: no hook of the real parameters fires (DDP's), and a
         half-precision model's gradients are not rounded before the optimizer's fp32 copy."""
-        from .base import at_least_float32
-
         params = flow_parameters(ode)
         leaves = [p.detach().to(at_least_float32(p.dtype)).requires_grad_() for p in params]
         with torch.enable_grad():
