@@ -13,7 +13,7 @@ import sys
 
 import yaml
 
-from fairseq_posenc.recipe.corpus import files_data_dir
+from posenc_workflow.corpus import files_data_dir
 from test_workflow import REPO, ok
 from test_workflow_code import checkout, edit
 from toy_archives import write_plain_pairs
@@ -140,7 +140,7 @@ def test_a_sacrebleu_test_set_is_read_from_sacrebleus_cache(tmp_path):
     for field, text in fields.items():
         (cache / f"wmt14.de-en.{field}").write_text("".join(line + "\n" for line in text))
     settings = {"src": "de", "tgt": "en", "splits": {"test.wmt14": {"sacrebleu": "wmt14"}}}
-    prepare = os.path.join(REPO, "fairseq_posenc", "recipe", "prepare.py")
+    prepare = os.path.join(REPO, "recipes", "posenc_workflow", "prepare.py")
     proc = subprocess.run([sys.executable, prepare, "gather", "--data", str(tmp_path / "data"), "--settings",
                            json.dumps(settings)], capture_output=True, text=True,
                           env={**os.environ, "SACREBLEU": str(tmp_path / "sacrebleu")})
