@@ -1,3 +1,4 @@
+import os
 import sys
 
 from setuptools import find_packages, setup
@@ -26,12 +27,29 @@ def floater_extension():
     return {"ext_modules": [ext], "cmdclass": {"build_ext": OptionalBuild.with_options(use_ninja=False)}}
 
 
+def workflow_steps():
+    """posenc-STEP for each module of the workflow package that runs as a command (its ``main``):
+    the rules run the same modules as files (python recipes/posenc_workflow/scoring.py ...), as
+    the docs do."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes", "posenc_workflow")
+    steps = []
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".py")):
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            if 'if __name__ == "__main__":\n    main()' in f.read():
+                steps.append(f"posenc-{name[:-3].replace('_', '-')}=posenc_workflow.{name[:-3]}:main")
+    return steps
+
+
 setup(
     name="fairseq-posenc",
     version="0.1.0",
     description="Position encodings for fairseq Transformers (DIET, FLOATER, Shaw, T5, RoPE, ALiBi) "
     "as a --user-dir plugin, with WMT recipes and length-extrapolation evaluation",
-    packages=find_packages(include=["fairseq_posenc", "fairseq_posenc.*"]),
+    # the plugin (what --user-dir loads) and, beside it, the workflow's Python kept with the
+    # workflow (recipes/): two packages imported by name, never through sys.path edits
+    packages=find_packages(include=["fairseq_posenc", "fairseq_posenc.*"]) + ["posenc_workflow"],
+    package_dir={"posenc_workflow": "recipes/posenc_workflow"},
+    entry_points={"console_scripts": workflow_steps()},
     python_requires=">=3.11",
     # Exact pins live in requirements*.txt and are installed by `make install`; these are the
     # import-time needs, left unpinned so that installing the plugin never replaces torch.

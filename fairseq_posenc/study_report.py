@@ -2,7 +2,7 @@
 ratio hyp/ref and the number of sentences, as mean and standard deviation over training seeds,
 with a paired bootstrap 95% interval of each model's BLEU difference from a baseline.
 
-One implementation for ``make demo``, the workflow's reports (fairseq_posenc/recipe/report.py) and
+One implementation for ``make demo``, the workflow's reports (recipes/posenc_workflow/report.py) and
 ``scripts/bleu_by_length.py``. Input: ``runs[model] = [Generation of seed 1, of seed 2, ...]``
 (``fairseq_posenc.generation.Generation``: sources, hypotheses, references and sentence ids,
 detokenized text on the target side), all decoded from one test set.

@@ -23,7 +23,6 @@ import torch
 
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq.checkpoint_utils import checkpoint_paths  # noqa: E402
 
 from fairseq_posenc import compat  # noqa: E402  (lets torch's safe loader read fairseq checkpoints)

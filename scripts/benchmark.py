@@ -5,7 +5,7 @@ batches fairseq builds, measured in one run and reported as ratios.
     python scripts/benchmark.py --quick                 # a few minutes on 2 CPU cores
     python scripts/benchmark.py --threads 1             # the default table: medium model, d=256
 
-The batches are fairseq's own: a toy corpus of varied lengths (fairseq_posenc/toy_data.py's
+The batches are fairseq's own: a toy corpus of varied lengths (recipes/posenc_workflow/toy_data.py's
 reordering pair, --corpus-lengths words a sentence) is binarized by fairseq-preprocess and batched
 by fairseq's translation task (``get_batch_iterator``, which calls the dataset's
 ``batch_by_size``): sources left-padded, targets right-padded, as ``fairseq-train`` and
@@ -54,7 +54,6 @@ import torch
 
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package
 from fairseq import options, tasks  # noqa: E402
 from fairseq import utils as fairseq_utils  # noqa: E402
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
@@ -62,11 +61,11 @@ from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEn
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 from fairseq.tasks.translation import TranslationTask  # noqa: E402
 
-from fairseq_posenc import pipeline, toy_data  # noqa: E402
 from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.models.from_flags import MODEL_SIZES, build_from_flags, size_flags  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
 from fairseq_posenc.update_hooks import announce_update, finish_update  # noqa: E402
+from posenc_workflow import pipeline, toy_data  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "fairseq_posenc")

@@ -11,7 +11,7 @@ table, JSON, and a two-panel plot (BLEU, length ratio).
 --checkpoint MODEL=CHECKPOINT names a model's rows by the label of its trained model, read from the
 checkpoint (fairseq_posenc/labels.py: ``alibi (split)``, ``t5 (bias scale 10)``), not from how it
 was meant to be trained, and each option of its stored configuration in which it differs from the
-other checkpoints' models (fairseq_posenc/row_names.py: ``sinusoidal (--encoder-layers 3)``).
+other checkpoints' models (recipes/posenc_workflow/row_names.py: ``sinusoidal (--encoder-layers 3)``).
 
 Each generation file is the output of ``fairseq-generate`` (its S-, T- and H- lines), one per seed
 (comma-separated, the same seeds in the same order for every model); the bins are over the source
@@ -34,12 +34,9 @@ fairseq-generate's log (its stderr; the demo's generation files hold it), given 
 """
 import argparse
 import logging
-import os
-import sys
 
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_posenc import study_report  # noqa: E402
 from fairseq_posenc.length_bins import DEFAULT_EDGES, read_lines  # noqa: E402
 from fairseq_posenc.generation import join, parse_generate_output  # noqa: E402
@@ -116,7 +113,7 @@ def main(argv=None):
         model, sep, path = item.partition("=")
         if not sep or model not in runs or not path:
             parser.error(f"--checkpoint takes MODEL=CHECKPOINT with MODEL one of --generation's, got {item!r}")
-        from fairseq_posenc import row_names
+        from posenc_workflow import row_names
         from fairseq_posenc.labels import checkpoint_label
 
         try:

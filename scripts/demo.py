@@ -50,12 +50,11 @@ import yaml
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from fairseq_posenc import toy_data  # noqa: E402
 from fairseq_posenc.models.from_flags import MODEL_SIZES  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
 from fairseq_posenc.positions.bias_scale import uses_bias_scale  # noqa: E402
-from fairseq_posenc.recipe import workflow as wf  # noqa: E402  (not "workflow": snakemake.utils.validate reads that name)
+from posenc_workflow import toy_data  # noqa: E402
+from posenc_workflow import workflow as wf  # noqa: E402  (not "workflow": snakemake.utils.validate reads that name)
 
 SNAKEFILE = os.path.join(ROOT, "recipes", "Snakefile")
 DEMO_CONFIG = os.path.join(ROOT, "recipes", "conf", "demo.yaml")

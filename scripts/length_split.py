@@ -20,11 +20,9 @@ and writes nothing: pick --train-below and --bins from it first.
 import argparse
 import logging
 import os
-import sys
 
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_posenc.length_bins import DEFAULT_EDGES, DEFAULT_TRAIN_BELOW, keep_short, split_by_length  # noqa: E402
 
 

@@ -81,7 +81,7 @@ TARGETS = {
                                        "tests/test_floater_schedule.py"],
     "fairseq_posenc/study_report.py": ["tests/test_seed_interval.py", "tests/test_study_report.py"],
     "fairseq_posenc/labels.py": ["tests/test_labels.py"],
-    "fairseq_posenc/recipe/train_config.py": ["tests/test_train_config.py"],
+    "recipes/posenc_workflow/train_config.py": ["tests/test_train_config.py"],
 }
 #: tests that check the build, not the code (the copy has no C++ loops on purpose)
 DESELECT = ["tests/test_floater_solver.py::test_the_c_plus_plus_loops_are_built_where_a_compiler_is_found"]
@@ -167,7 +167,7 @@ def make_copy(out: str, rev: str, tests_from: str, with_tests=()) -> str:
 
 
 def environment(tree: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.path.join(tree, "tests")]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.path.join(tree, "recipes"), os.path.join(tree, "tests")]),
                OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
     # the work tree's venv on PATH: fairseq-train and fairseq-generate (and pytest) from it
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -180,7 +180,7 @@ def out_of_tree(tree: str) -> str:
 
 def check_copy(tree: str, env: dict):
     """The copy is what runs: its package, its --user-dir, FLOATER's Python loops."""
-    code = ("import fairseq_posenc, fairseq_posenc.pipeline as p, fairseq_posenc.positions.floater.loops as s;"
+    code = ("import fairseq_posenc, posenc_workflow.pipeline as p, fairseq_posenc.positions.floater.loops as s;"
             "print(fairseq_posenc.__file__); print(p.USER_DIR); print(s._floater_rk4)")
     package, user_dir, loops = run([sys.executable, "-c", code], cwd=tree, env=env).stdout.splitlines()[-3:]
     assert package.startswith(tree), f"fairseq_posenc is imported from {package}, not the copy"

@@ -36,7 +36,6 @@ import torch
 
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fairseq_posenc  # noqa: E402,F401  (registers the plugin)
 from fairseq_posenc.positions import PositionEncoding  # noqa: E402
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from typing import Dict, List, Sequence, Tuple
 
-from fairseq_posenc import pipeline
+from posenc_workflow import pipeline
 
 _RUNNER = r"""
 import contextlib, io, json, sys, traceback

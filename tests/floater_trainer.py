@@ -22,7 +22,7 @@ from fairseq.optim.amp_optimizer import AMPOptimizer
 from fairseq.optim.fp16_optimizer import FP16Optimizer, _FP16OptimizerMixin
 from fairseq.trainer import Trainer
 
-from fairseq_posenc import pipeline
+from posenc_workflow import pipeline
 from fairseq_posenc.positions.floater import FloaterODE
 from fairseq_posenc.positions.floater.schedule import SolveSchedule
 

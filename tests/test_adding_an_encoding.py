@@ -22,7 +22,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_posenc import toy_data
+from posenc_workflow import toy_data
 from fairseq_runs import outcome, preprocess_here, run_all
 from toy import TINY
 

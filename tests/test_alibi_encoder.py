@@ -347,7 +347,7 @@ def test_a_stored_form_this_code_does_not_know_is_a_clear_error():
 def checkpoints(tmp_path_factory):
     """Two epoch checkpoints of fairseq-train with --alibi-encoder split (the default before it was
     symmetric: what checkpoints of that time hold)."""
-    from fairseq_posenc import pipeline, toy_data
+    from posenc_workflow import pipeline, toy_data
 
     root = tmp_path_factory.mktemp("alibi_checkpoints")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 8), "valid": (20, 3, 8)})
@@ -379,7 +379,7 @@ def _load(path):
 
 
 def test_fairseq_refuses_old_checkpoints_in_one_line_and_loads_new_ones_as_trained(checkpoints):
-    from fairseq_posenc import pipeline
+    from posenc_workflow import pipeline
 
     root, epochs = checkpoints
     assert form_of(_load(epochs[-1])) == "split"
@@ -392,7 +392,7 @@ def test_fairseq_refuses_old_checkpoints_in_one_line_and_loads_new_ones_as_train
 
 
 def _average(paths, output):
-    from fairseq_posenc import pipeline
+    from posenc_workflow import pipeline
 
     script = os.path.join(pipeline.SCRIPTS_DIR, "average_checkpoints.py")
     pipeline.run([sys.executable, script, "--inputs", *map(str, paths), "--output", str(output)], f"{output}.log")

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import torch
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from toy import TINY, build_model, toy_batch

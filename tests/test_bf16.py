@@ -26,7 +26,8 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optimizer
 from fairseq.trainer import Trainer
 
-from fairseq_posenc import compat, pipeline, toy_data
+from fairseq_posenc import compat
+from posenc_workflow import pipeline, toy_data
 from tolerances import assert_within, float32_tolerance, transformer_terms
 from toy import build_model, model_that_saved
 

@@ -13,7 +13,8 @@ from fairseq.optim.lr_scheduler.inverse_square_root_schedule import (
     InverseSquareRootSchedule,
 )
 
-from fairseq_posenc import bias_bound, pipeline, toy_data
+from fairseq_posenc import bias_bound
+from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions
 from fairseq_posenc.positions.bias_scale import uses_bias_scale
 from toy import ToyTask, model_args, with_strong_positions
@@ -162,7 +163,7 @@ def _demo_module():
 
 
 def test_the_demo_reports_the_mean_bias_over_seeds_next_to_its_bound():
-    from fairseq_posenc.recipe import report as demo  # the demo's report, written by the workflow
+    from posenc_workflow import report as demo  # the demo's report, written by the workflow
 
     def report(enc, dec, bound=True):
         return {"position_bias_scale": 10.0, "updates": 800, "lr_sum": 1.25,
@@ -200,7 +201,7 @@ def test_the_demo_passes_the_scale_only_to_the_encodings_that_take_it():
     import yaml
     from snakemake.utils import validate
 
-    from fairseq_posenc.recipe import workflow
+    from posenc_workflow import workflow
 
     conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes", "conf")
     with open(os.path.join(conf, "demo.yaml"), encoding="utf-8") as f:

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_runs import generate_command, outcome, run_all, train_command
 from tolerances import float32_tolerance, transformer_terms

@@ -169,7 +169,7 @@ def test_demo_flags_are_checked_before_any_work(tmp_path, capsys):
 
 
 def test_row_specs_add_flags_name_a_directory_and_a_label():
-    from fairseq_posenc.recipe import workflow
+    from posenc_workflow import workflow
 
     rows = workflow.parse_rows(["alibi", "alibi:--alibi-encoder=split", "t5:--position-bias-scale=10",
                                 "floater:--floater-solve-every=10,--floater-lr-scale=1", "t5:--segment-attention"])

@@ -14,7 +14,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.kept import kept_result_keys

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import torch
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 
 # Floors from what a trained model and an untrained one reach on this test set. Training is
 # seeded, but float rounding differs between CPUs and the model is still learning at 300

@@ -26,7 +26,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 from fairseq.optim.adam import Adam
 
-from fairseq_posenc import pipeline, update_hooks
+from fairseq_posenc import update_hooks
+from posenc_workflow import pipeline
 from fairseq_posenc.models.config import ALL_CONFIGS
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.segments import SegmentBias

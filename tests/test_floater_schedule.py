@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions.floater.schedule import PENDING, SolveSchedule
 from fairseq_runs import outcome, run_all, train_command

@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from tolerances import float32_tolerance, magnitude
 
 HERE = os.path.dirname(os.path.abspath(__file__))

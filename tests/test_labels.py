@@ -13,7 +13,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.labels import UNLABELLED, describe, model_forms, model_label, scheme_items
 from fairseq_posenc.models.config import PosencConfig

@@ -186,7 +186,7 @@ LOSS_SCALED = ("--fp16", "--memory-efficient-fp16", "--amp")
 
 @pytest.fixture(scope="module")
 def toy_bin(tmp_path_factory):
-    from fairseq_posenc import pipeline, toy_data
+    from posenc_workflow import pipeline, toy_data
 
     root = tmp_path_factory.mktemp("half_floater")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 10), "valid": (10, 3, 10)})

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from fairseq_posenc.positions import POSITION_ENCODINGS
-from fairseq_posenc.recipe import workflow as wf
+from posenc_workflow import workflow as wf
 from test_docs import DOCS, REPO, _code_blocks, _split
 
 PAPERS = "docs/papers.md"

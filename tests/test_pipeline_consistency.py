@@ -31,7 +31,7 @@ import fairseq_cli.generate
 import fairseq_cli.train
 import fairseq_cli.validate
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS
 
 MODEL = [

@@ -1,4 +1,4 @@
-"""fairseq_posenc/recipe/plan.py: the batch per update whatever the GPU count, updates per epoch from the
+"""recipes/posenc_workflow/plan.py: the batch per update whatever the GPU count, updates per epoch from the
 binarized corpus, which interval checkpoints get averaged, and the plan the workflow prints of a
 model from its resolved fairseq configuration."""
 import os
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_posenc", "recipe", "plan.py")
-from fairseq_posenc.recipe import plan as train_plan  # noqa: E402
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes", "posenc_workflow", "plan.py")
+from posenc_workflow import plan as train_plan  # noqa: E402
 
 
 class _Proc:

@@ -194,7 +194,7 @@ def test_averaging_keeps_the_longest_of_the_checkpoints(tmp_path):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Two epochs of fairseq-train (FLOATER, tiny) on a toy corpus: every training pair is seen."""
-    from fairseq_posenc import pipeline, toy_data
+    from posenc_workflow import pipeline, toy_data
 
     root = tmp_path_factory.mktemp("plot_positions")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 8), "valid": (20, 3, 12)})

@@ -12,7 +12,7 @@ import torch
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.optim.adam import Adam
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.models.from_flags import model_args
 from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.models import from_flags
 from tolerances import assert_within, encoder_terms, float32_tolerance, magnitude, transformer_terms

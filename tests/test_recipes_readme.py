@@ -1,12 +1,12 @@
 """recipes/README.md: at most 300 lines, a quick start of at most 40 with the three tasks'
 commands, and a reference of the configuration keys equal to what recipes/conf/schema.yaml gives
-(fairseq_posenc/recipe/schema_doc.py)."""
+(recipes/posenc_workflow/schema_doc.py)."""
 import os
 import re
 
 import yaml
 
-from fairseq_posenc.recipe import schema_doc
+from posenc_workflow import schema_doc
 
 
 def _readme():
@@ -16,7 +16,7 @@ def _readme():
 
 def test_the_reference_is_the_schemas():
     assert schema_doc.current() == schema_doc.reference(), \
-        "run: python fairseq_posenc/recipe/schema_doc.py --update"
+        "run: python recipes/posenc_workflow/schema_doc.py --update"
     # every key of the schema has its row, nested keys by their path
     with open(schema_doc.SCHEMA, encoding="utf-8") as f:
         schema = yaml.safe_load(f)

@@ -1,4 +1,4 @@
-"""fairseq_posenc/recipe/rerank.py: GNMT's length penalty by reranking fairseq's n-best list.
+"""recipes/posenc_workflow/rerank.py: GNMT's length penalty by reranking fairseq's n-best list.
 
 The method: fairseq's beam search finalizes the same hypotheses whatever --lenpen is (the penalty
 only divides the score stored with a finished hypothesis, which orders the final list), so the
@@ -13,15 +13,15 @@ import sys
 
 import pytest
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from tolerances import float32_tolerance
 from toy import TINY
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RERANK = os.path.join(REPO, "fairseq_posenc", "recipe", "rerank.py")
-from fairseq_posenc.recipe import rerank as rerank_lenpen  # noqa: E402
-from fairseq_posenc.recipe.rerank import length_penalty  # noqa: E402
-from fairseq_posenc.recipe.scoring import load_generation  # noqa: E402
+RERANK = os.path.join(REPO, "recipes", "posenc_workflow", "rerank.py")
+from posenc_workflow import rerank as rerank_lenpen  # noqa: E402
+from posenc_workflow.rerank import length_penalty  # noqa: E402
+from posenc_workflow.scoring import load_generation  # noqa: E402
 
 BEAM = 5
 ALPHA = 0.6

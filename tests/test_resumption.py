@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from toy import TINY
 
 

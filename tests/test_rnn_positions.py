@@ -9,7 +9,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_posenc import pipeline, toy_data
+from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.positions.rnn import RNNPositions
 from fairseq_runs import preprocess_here
 from forward_terms import biases_in_a_forward, floater_state, solved_positions

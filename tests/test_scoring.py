@@ -1,4 +1,4 @@
-"""fairseq_posenc/recipe/scoring.py score: tokenized BLEU splits compounds for German targets only
+"""recipes/posenc_workflow/scoring.py score: tokenized BLEU splits compounds for German targets only
 (the En-De convention), and the results line says which was done."""
 import json
 import os
@@ -7,7 +7,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from fairseq_posenc.recipe import scoring as score_translation  # noqa: E402
+from posenc_workflow import scoring as score_translation  # noqa: E402
 
 # one Moses-tokenized (aggressive: "@-@") pair with two compounds, one of them half wrong
 HYP = "le chat @-@ noir de la grande @-@ maison voit un arbre vert ."

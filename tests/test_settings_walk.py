@@ -1,7 +1,7 @@
 """Every field of recipes/conf/schema.yaml (read from the schema, so that a new field cannot slip
 past), for every train.recipe and every corpus.name of the schema's enums: given another value,
 it changes the params of some job of the study, or the study is refused in one line, or the field
-is on fairseq_posenc/recipe/settings.py's NO_JOB list with its reason (and then changes none). A
+is on recipes/posenc_workflow/settings.py's NO_JOB list with its reason (and then changes none). A
 setting accepted and ignored fails here."""
 import copy
 import json
@@ -11,8 +11,8 @@ import pytest
 import snakemake.utils
 from snakemake.utils import validate
 
-from fairseq_posenc.recipe import settings, workflow as wf
-from fairseq_posenc.recipe.corpus import Corpus
+from posenc_workflow import settings, workflow as wf
+from posenc_workflow.corpus import Corpus
 
 SCHEMA = settings.SCHEMA
 ENUMS = {path: node["enum"] for path, node in settings.fields() if "enum" in node}
@@ -113,7 +113,7 @@ def study(given):
 
 def job_params(study):
     """The params of every job of the study, by the calls recipes/rules' params make."""
-    from fairseq_posenc.recipe.workflow import generate_command, segmentation
+    from posenc_workflow.workflow import generate_command, segmentation
 
     jobs, corpus = {}, Corpus.of(study)
     if study.facts["style"] == "toy":

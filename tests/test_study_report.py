@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 
-from fairseq_posenc.pipeline import Generation
+from fairseq_posenc.generation import Generation
 from fairseq_posenc.study_report import (SENTENCES_AND_SEEDS, SENTENCES_ONLY, build_report, compare_seeds,
                                          decoding_limit_note, decoding_limit_ok, first_cut_length, markdown,
                                          paired_bootstrap, read_decoding_limit, with_seed_variance, write_report)
@@ -536,7 +536,7 @@ def test_two_concatenated_generate_outputs_are_refused_and_joined_by_plus_every_
     (model / "label.txt").write_text("sinusoidal\n")
     (model / "test.log").write_text("")
     (tmp_path / "study.json").write_text(json.dumps({"out": "study", "models": {"seeds": [1]}, "report": {}}))
-    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(SCRIPTS), "fairseq_posenc", "recipe",
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(SCRIPTS), "recipes", "posenc_workflow",
                                                         "report.py"), "length", "--study", str(tmp_path / "study.json"),
                            "--models", str(model), "--out", str(tmp_path / "len")], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip() == (
@@ -545,7 +545,7 @@ def test_two_concatenated_generate_outputs_are_refused_and_joined_by_plus_every_
 
 
 def test_a_row_is_named_by_its_label_and_each_option_in_which_it_differs_from_the_common_value():
-    from fairseq_posenc.row_names import row_names
+    from posenc_workflow.row_names import row_names
 
     labels = ["sinusoidal", "sinusoidal", "alibi (split)", "rope"]
     options = [{"model.encoder_layers": 6, "optimization.lr": [1e-3], "model.share_all_embeddings": True},

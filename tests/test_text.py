@@ -1,11 +1,11 @@
-"""fairseq_posenc/recipe/text.py: lines end at "\\n" only, input is streamed, bad input gets one line."""
+"""recipes/posenc_workflow/text.py: lines end at "\\n" only, input is streamed, bad input gets one line."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_posenc", "recipe", "text.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes", "posenc_workflow", "text.py")
 
 
 def _run(*args, stdin: bytes = b""):
@@ -48,7 +48,7 @@ def test_clean_keeps_pairs_aligned_across_unicode_separators(tmp_path):
 
 
 def test_generate_output_keeps_a_hypothesis_that_holds_a_unicode_line_separator():
-    from fairseq_posenc.pipeline import parse_generate_output
+    from fairseq_posenc.generation import parse_generate_output
 
     text = "S-1\tsrc b\nT-1\tref b\nH-1\t-0.2\thyp \u2028 b\nS-0\tsrc a\nT-0\tref a\nH-0\t-0.1\thyp a\n"
     generation = parse_generate_output(text)

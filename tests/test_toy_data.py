@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from fairseq_posenc import toy_data
+from posenc_workflow import toy_data
 
 
 def test_reorder_moves_each_adjective_after_its_noun():

@@ -1,5 +1,5 @@
 """The checkpoint directory of a training job is named by the hash of its resolved fairseq
-configuration (fairseq_posenc/recipe/train_config.py): every field but those LEFT_OUT, each with
+configuration (recipes/posenc_workflow/train_config.py): every field but those LEFT_OUT, each with
 its reason. The argument lists are the workflow's own (recipes/Snakefile's commands for a WMT base
 and an IWSLT model); then every option of fairseq's training parser is changed in turn, in
 process, and the hash must change (hashed) or stay (left out). The classification must equal the
@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from fairseq_posenc import pipeline
-from fairseq_posenc.recipe import train_config, workflow
+from posenc_workflow import pipeline
+from posenc_workflow import train_config, workflow
 
 REPO = os.path.dirname(pipeline.USER_DIR)
 

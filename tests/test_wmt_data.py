@@ -1,4 +1,4 @@
-"""fairseq_posenc/recipe/wmt_data.py downloads: a download shorter than its Content-Length never takes the
+"""recipes/posenc_workflow/wmt_data.py downloads: a download shorter than its Content-Length never takes the
 archive's name; a mirror replaces statmt.org; one archive alone (the workflow's download rule);
 the timeout is corpus.download_timeout's."""
 import io
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fairseq_posenc.recipe import wmt_data  # noqa: E402
+from posenc_workflow import wmt_data  # noqa: E402
 
 
 class _Response(io.BytesIO):
@@ -79,8 +79,8 @@ def test_the_download_timeout_is_the_flags_not_the_environments(tmp_path, monkey
     # the workflow's fetch rule passes corpus.download_timeout
     from test_workflow import shipped
 
-    from fairseq_posenc.recipe import workflow
-    from fairseq_posenc.recipe.corpus import Corpus
+    from posenc_workflow import workflow
+    from posenc_workflow.corpus import Corpus
 
     study = workflow.Study(shipped("wmt14_en_de", corpus={"download_timeout": 300}), preflight=False)
     command = Corpus.of(study).download_command()

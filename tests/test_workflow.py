@@ -159,7 +159,7 @@ def test_an_exit_0_before_the_budget_fails_the_job_and_writes_no_record(work):
 
 
 def test_the_progress_line_gives_the_update_the_budget_and_the_time_left_at_the_pace_since_the_first_line():
-    from fairseq_posenc.recipe.train_job import Progress
+    from posenc_workflow.train_job import Progress
 
     def inner(epoch, step, steps, updates):  # fairseq-train's --log-format simple lines
         return (f"2026-11-28 01:26:57 | INFO | train_inner | epoch {epoch:03d}:  {step:5d} / {steps} loss=9.1, "
@@ -292,7 +292,7 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
     # what else the parse refuses, the same code in this process (a Snakemake run costs seconds)
     from snakemake.utils import update_config, validate
 
-    from fairseq_posenc.recipe import workflow as wf_module  # (not "workflow": validate() looks that name up)
+    from posenc_workflow import workflow as wf_module  # (not "workflow": validate() looks that name up)
 
     def refused(changes):
         with open(DEMO) as f:
@@ -325,7 +325,7 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
 def test_wmt18s_pairs_write_apart_from_one_study_file():
     """recipes/conf/wmt18.yaml's out holds {corpus}: each pair its own directory, without an out= of
     its own (a pair sharing another's would retrain over its records); another field is refused."""
-    from fairseq_posenc.recipe import workflow as wf_module
+    from posenc_workflow import workflow as wf_module
 
     outs = {pair: wf_module.Study(shipped("wmt18", corpus={"pair": pair}), preflight=False).out
             for pair in ("en-de", "cs-en")}
@@ -340,7 +340,7 @@ def test_the_schemas_choices_are_the_ones_the_workflow_knows():
     """The schema's enums of corpora, architectures and precisions are the workflow's tables, so
     that a corpus or size added on one side only is a failing test, not a KeyError at a job."""
     from fairseq_posenc.models.from_flags import MODEL_SIZES
-    from fairseq_posenc.recipe import workflow as wf_module
+    from posenc_workflow import workflow as wf_module
 
     with open(os.path.join(REPO, "recipes", "conf", "schema.yaml")) as f:
         props = yaml.safe_load(f)["properties"]
@@ -365,8 +365,8 @@ def shipped(*names, **sections):
 
 
 def test_distilled_students_are_base_width_whatever_the_teachers_arch():
-    from fairseq_posenc.recipe import train_config
-    from fairseq_posenc.recipe import workflow as wf_module
+    from posenc_workflow import train_config
+    from posenc_workflow import workflow as wf_module
 
     study = wf_module.Study(shipped("wmt14_en_de", "distillation"), preflight=False)
     (teacher,) = [m for m in study.models if m.kind == "scratch"]
@@ -389,8 +389,8 @@ def test_distilled_students_are_base_width_whatever_the_teachers_arch():
 
 
 def test_the_checkpoints_averaged_are_the_ones_fairseq_train_keeps():
-    from fairseq_posenc.recipe import train_config
-    from fairseq_posenc.recipe import workflow as wf_module
+    from posenc_workflow import train_config
+    from posenc_workflow import workflow as wf_module
 
     def kept(**evaluate):
         study = wf_module.Study(shipped("wmt14_en_de", evaluate=evaluate), preflight=False)
@@ -458,7 +458,7 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     # Table 6: FLOATER and three RNN forms (each its own label) from one vanilla stage
     assert stats["floater_table6"]["train"] == "5"
     # one download job per archive of the sources file (none is there)
-    from fairseq_posenc.recipe.wmt_data import read_sources
+    from posenc_workflow.wmt_data import read_sources
 
     archives = read_sources(os.path.join(REPO, "recipes", "wmt14_en_de", "sources"), "en", "de")[0]
     assert stats["wmt14_en_de"]["download"] == str(len(archives)) == "5"

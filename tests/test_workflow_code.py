@@ -1,7 +1,7 @@
 """What an edit of the checkout reruns (docs/reuse.md): a model's code key
-(fairseq_posenc/recipe/workflow.py code_key) covers the files fairseq's --user-dir runs to train
+(recipes/posenc_workflow/workflow.py code_key) covers the files fairseq's --user-dir runs to train
 it, read from the source whatever the process imported; each rule's inputs hold the files its
-scripts run (fairseq_posenc/recipe/sources.py). Edits are made in a copy of the checkout."""
+scripts run (recipes/posenc_workflow/sources.py). Edits are made in a copy of the checkout."""
 import os
 import re
 import shutil
@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import test_workflow as wf
-from fairseq_posenc.recipe import workflow
-from fairseq_posenc.recipe.sources import sources
+from posenc_workflow import workflow
+from posenc_workflow.sources import sources
 from test_workflow import corpus, work  # noqa: F401  (fixtures: the toy corpus, a copy of it)
 
 
@@ -33,7 +33,7 @@ def edit(path):
 
 def test_the_code_key_is_the_same_with_or_without_the_preflight():
     # the preflight imports labels.py and models/from_flags.py (as does a SLURM job's process not)
-    script = ("from fairseq_posenc.recipe import workflow as wf\n"
+    script = ("from posenc_workflow import workflow as wf\n"
               "before = wf.code_key('alibi')\n"
               "wf.preflight_label('alibi', [])\n"
               "wf._CODE_CACHE.clear()\n"
@@ -55,13 +55,14 @@ def test_an_edit_retrains_the_models_whose_training_runs_the_file(tmp_path):
     # what `import fairseq_posenc` runs, a function's import (the FLOATER solver's) included
     assert {"fairseq_posenc/__init__.py", "fairseq_posenc/positions/alibi.py", "fairseq_posenc/positions/floater/solver.py",
             "fairseq_posenc/models/transformer_posenc.py", "fairseq_posenc/csrc/floater_rk4.cpp"} <= files
-    assert not files & {"fairseq_posenc/labels.py", "fairseq_posenc/models/from_flags.py", "fairseq_posenc/pipeline.py",
-                        "fairseq_posenc/recipe/workflow.py"}
+    trains_nothing = ("fairseq_posenc/labels.py", "fairseq_posenc/models/from_flags.py",
+                      "recipes/posenc_workflow/pipeline.py", "recipes/posenc_workflow/workflow.py")
+    assert not files & set(trains_nothing)
     first = keys()
     assert len(set(first.values())) == 5
     # modules that train nothing: no key changes
-    for name in ("labels.py", "models/from_flags.py", "pipeline.py", "recipe/workflow.py"):
-        edit(os.path.join(root, "fairseq_posenc", name))
+    for name in trains_nothing:
+        edit(os.path.join(root, name))
     assert keys() == first
     # an encoding's own file: its models' key only
     edit(os.path.join(root, "fairseq_posenc", "positions", "alibi.py"))
@@ -83,15 +84,15 @@ def test_an_edit_retrains_the_models_whose_training_runs_the_file(tmp_path):
 
 def test_a_rules_inputs_are_the_files_its_script_runs():
     rel = lambda *paths: {os.path.relpath(f, wf.REPO) for f in sources(*paths)}  # noqa: E731
-    recipe = os.path.join(wf.REPO, "fairseq_posenc", "recipe")
+    recipe = os.path.join(wf.REPO, "recipes", "posenc_workflow")
     # the steps of a corpus: prepare.py and the text.py it runs; the short-to-long split's own script
     # adds the length_split.py it runs (an edit of it redoes the split, not the corpus before it)
-    assert rel(os.path.join(recipe, "prepare.py")) == {"fairseq_posenc/recipe/prepare.py", "fairseq_posenc/recipe/text.py"}
+    assert rel(os.path.join(recipe, "prepare.py")) == {"recipes/posenc_workflow/prepare.py", "recipes/posenc_workflow/text.py"}
     assert rel(os.path.join(recipe, "short_to_long.py")) == {
-        "fairseq_posenc/recipe/short_to_long.py", "fairseq_posenc/recipe/prepare.py", "fairseq_posenc/recipe/text.py",
+        "recipes/posenc_workflow/short_to_long.py", "recipes/posenc_workflow/prepare.py", "recipes/posenc_workflow/text.py",
         "scripts/length_split.py", "fairseq_posenc/length_bins.py"}
-    assert rel(os.path.join(recipe, "rerank.py")) == {"fairseq_posenc/recipe/rerank.py", "fairseq_posenc/recipe/text.py"}
-    assert rel(os.path.join(recipe, "train_job.py")) == {"fairseq_posenc/recipe/train_job.py"}
+    assert rel(os.path.join(recipe, "rerank.py")) == {"recipes/posenc_workflow/rerank.py", "recipes/posenc_workflow/text.py"}
+    assert rel(os.path.join(recipe, "train_job.py")) == {"recipes/posenc_workflow/train_job.py"}
     # a script importing the plugin's module: that module, not the plugin's registration
     assert rel(os.path.join(wf.REPO, "scripts", "average_checkpoints.py")) == {
         "scripts/average_checkpoints.py", "fairseq_posenc/compat.py", "fairseq_posenc/positions/kept.py"}
@@ -106,19 +107,21 @@ STUDY = {**wf.STUDY, "models": {"arch": "tiny", "encodings": ["sinusoidal"]},
 def test_an_edit_of_a_rules_script_runs_that_rule_and_an_unrelated_edit_nothing(work, tmp_path):
     root = checkout(tmp_path)
     snakefile = str(root / "recipes" / "Snakefile")
+    # the copy's packages, as an install of the copy would import them
+    env = {"PYTHONPATH": os.pathsep.join([str(root), str(root / "recipes")])}
     averaged = "study/models/sinusoidal/seed1/averaged.pt"
-    wf.ok(wf.snakemake(work, STUDY, averaged, snakefile=snakefile))
+    wf.ok(wf.snakemake(work, STUDY, averaged, snakefile=snakefile, env=env))
     # average_checkpoints.py, what the average rule runs: that rule runs again, nothing before it;
     # labels.py, rerank.py and wmt_data.py run no job of this target; a file only touched, nothing
     edit(root / "scripts" / "average_checkpoints.py")
-    for name in ("labels.py", "recipe/rerank.py", "recipe/wmt_data.py"):
-        edit(root / "fairseq_posenc" / name)
-    os.utime(root / "fairseq_posenc" / "recipe" / "train_job.py")
-    dry = wf.ok(wf.snakemake(work, STUDY, averaged, "-n", snakefile=snakefile))
+    for name in ("fairseq_posenc/labels.py", "recipes/posenc_workflow/rerank.py", "recipes/posenc_workflow/wmt_data.py"):
+        edit(root / name)
+    os.utime(root / "recipes" / "posenc_workflow" / "train_job.py")
+    dry = wf.ok(wf.snakemake(work, STUDY, averaged, "-n", snakefile=snakefile, env=env))
     assert re.findall(r"^rule (\w+):", dry, re.M) == ["average"]
     assert re.search(r"reason: Updated input files: \S*/scripts/average_checkpoints\.py", dry)
     # the sinusoidal encoding's file: its model's code key, so its training job
     edit(root / "fairseq_posenc" / "positions" / "sinusoidal.py")
-    dry = wf.ok(wf.snakemake(work, STUDY, averaged, "-n", snakefile=snakefile))
+    dry = wf.ok(wf.snakemake(work, STUDY, averaged, "-n", snakefile=snakefile, env=env))
     assert re.findall(r"^rule (\w+):", dry, re.M) == ["train", "average"]
     assert re.search(r"rule train:(.|\n)*?reason: Params have changed", dry)

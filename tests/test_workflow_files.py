@@ -13,7 +13,7 @@ import sys
 
 import yaml
 
-from fairseq_posenc.recipe.corpus import files_data_dir
+from posenc_workflow.corpus import files_data_dir
 from test_workflow import REPO, ok
 from test_workflow_code import checkout, edit
 from toy_archives import write_plain_pairs
@@ -25,7 +25,9 @@ def run_sh(root, workdir, corpus, *args, timeout=900):
     """``bash ROOT/recipes/run.sh CORPUS ARGS...`` in ``workdir``, fairseq's commands from this Python."""
     return subprocess.run(["bash", os.path.join(root, "recipes", "run.sh"), corpus, *args], cwd=workdir,
                           capture_output=True, text=True, timeout=timeout, start_new_session=True,
-                          env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+                               # the checkout's packages, as its own install imports them
+                               "PYTHONPATH": os.pathsep.join([str(root), os.path.join(root, "recipes")])})
 
 
 def lines(path):
@@ -140,7 +142,7 @@ def test_a_sacrebleu_test_set_is_read_from_sacrebleus_cache(tmp_path):
     for field, text in fields.items():
         (cache / f"wmt14.de-en.{field}").write_text("".join(line + "\n" for line in text))
     settings = {"src": "de", "tgt": "en", "splits": {"test.wmt14": {"sacrebleu": "wmt14"}}}
-    prepare = os.path.join(REPO, "fairseq_posenc", "recipe", "prepare.py")
+    prepare = os.path.join(REPO, "recipes", "posenc_workflow", "prepare.py")
     proc = subprocess.run([sys.executable, prepare, "gather", "--data", str(tmp_path / "data"), "--settings",
                            json.dumps(settings)], capture_output=True, text=True,
                           env={**os.environ, "SACREBLEU": str(tmp_path / "sacrebleu")})

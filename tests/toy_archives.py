@@ -9,7 +9,7 @@ import tarfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(REPO, "recipes")
-from fairseq_posenc.recipe.wmt_data import read_sources  # noqa: E402
+from posenc_workflow.wmt_data import read_sources  # noqa: E402
 
 # the names fairseq's prepare-wmt14en2*.sh and the WMT sites use (wmt18: both test archives are
 # test.tgz upstream, kept under the year's name)

@@ -89,7 +89,7 @@ rule decode:
     input:
         checkpoint=_model_file("averaged.pt"),
         data=lambda w: STUDY.test_data_bin(_test(w)),
-        scripts=scripts(f"{RECIPE_PY}/rerank.py") if STUDY.evaluate["lenpen_form"] == "gnmt" else [],
+        scripts=scripts(f"{WORKFLOW_PY}/rerank.py") if STUDY.evaluate["lenpen_form"] == "gnmt" else [],
     output:
         TEST_DIR + "/test.txt",
     log:
@@ -107,7 +107,7 @@ rule decode:
     shell:
         "if [ {params.gnmt} = True ]; then "
         "  OMP_NUM_THREADS={threads} {params.command:q} > {output}.nbest 2> {log} && "
-        "  {PY} {RECIPE_PY}/rerank.py --generation {output}.nbest --out {output} {params.rerank}; "
+        "  {PY} {WORKFLOW_PY}/rerank.py --generation {output}.nbest --out {output} {params.rerank}; "
         "else OMP_NUM_THREADS={threads} {params.command:q} > {output} 2> {log}; fi"
 
 
@@ -115,7 +115,7 @@ rule detok:
     # H- and T- lines as detokenized words for the length report; S- lines stay in the bins' unit
     input:
         generation=TEST_DIR + "/test.txt",
-        scripts=scripts(f"{RECIPE_PY}/scoring.py"),
+        scripts=scripts(f"{WORKFLOW_PY}/scoring.py"),
     output:
         TEST_DIR + "/test.detok.txt",
     log:
@@ -126,7 +126,7 @@ rule detok:
     wildcard_constraints:
         seed=r"\d+",
     shell:
-        "{PY} {RECIPE_PY}/scoring.py detok-generation --generation {input.generation} --lang {params.lang} --bpe {params.bpe} "
+        "{PY} {WORKFLOW_PY}/scoring.py detok-generation --generation {input.generation} --lang {params.lang} --bpe {params.bpe} "
         "--out {output} > {log} 2>&1 || {{ tail -20 {log} >&2; exit 1; }}"
 
 
@@ -146,7 +146,7 @@ rule score:
     input:
         generation=TEST_DIR + "/test.txt",
         label=_model_file("label.txt"),
-        scripts=scripts(f"{RECIPE_PY}/scoring.py"),
+        scripts=scripts(f"{WORKFLOW_PY}/scoring.py"),
     output:
         lines=TEST_DIR + "/score.txt",
         json=TEST_DIR + "/score.json",
@@ -163,6 +163,6 @@ rule score:
     wildcard_constraints:
         seed=r"\d+",
     shell:
-        "{PY} {RECIPE_PY}/scoring.py score --generation {input.generation} --lang {params.lang} {params.ref} "
+        "{PY} {WORKFLOW_PY}/scoring.py score --generation {input.generation} --lang {params.lang} {params.ref} "
         "--bpe {params.bpe} {params.lowercase} --label \"enc=$(cat {input.label}) {params.what}\" "
         "--results {output.lines} --json {output.json} 2>&1 | tee {log}"

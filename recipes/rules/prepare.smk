@@ -1,13 +1,13 @@
 # Preparing the study's corpus: the demo's generated pair, or a corpus's archives (a files corpus:
 # the user's own files) -> plain text -> tokens -> subwords -> fairseq-preprocess, as fairseq's
-# prepare-*.sh scripts make them (fairseq_posenc/recipe/prepare.py). Each rule's params hold the
+# prepare-*.sh scripts make them (recipes/posenc_workflow/prepare.py). Each rule's params hold the
 # settings it runs with, its inputs the sources file, the archives (or files) and the scripts it
 # runs: an edit of any redoes it and what follows. The disk check before the text is written
 # (plan.py prepare-space) is no input: it changes no output.
 import re
 import shlex
 
-from fairseq_posenc.recipe.corpus import Corpus
+from posenc_workflow.corpus import Corpus
 
 DATA = STUDY.data
 try:
@@ -19,7 +19,7 @@ if CORPUS.style == "toy":
 
     rule toy_corpus:
         input:
-            scripts=scripts(f"{RECIPE_PY}/toy_corpus.py"),
+            scripts=scripts(f"{WORKFLOW_PY}/toy_corpus.py"),
         output:
             directory(DATA + "/data-bin"),
         params:
@@ -27,7 +27,7 @@ if CORPUS.style == "toy":
         log:
             DATA + "/logs/toy_corpus.log",
         shell:
-            "{PY} {RECIPE_PY}/toy_corpus.py --settings {params.toy:q} --out {DATA} 2>&1 | tee {log}"
+            "{PY} {WORKFLOW_PY}/toy_corpus.py --settings {params.toy:q} --out {DATA} 2>&1 | tee {log}"
 
 elif CORPUS.style == "files":
 
@@ -38,7 +38,7 @@ elif CORPUS.style == "files":
         # the user's files (and sacrebleu's test sets by name) as DATA/raw/SPLIT.{src,tgt}
         input:
             files=CORPUS.own_files(),
-            scripts=scripts(f"{RECIPE_PY}/prepare.py"),
+            scripts=scripts(f"{WORKFLOW_PY}/prepare.py"),
         output:
             [f"{DATA}/raw/{split}.{lang}" for split in CORPUS.splits() for lang in CORPUS.langs],
         params:
@@ -47,8 +47,8 @@ elif CORPUS.style == "files":
         log:
             DATA + "/logs/gather.log",
         shell:
-            "({PY} {RECIPE_PY}/plan.py prepare-space --work {DATA} {params.space} && "
-            "{PY} {RECIPE_PY}/prepare.py gather --data {DATA} --settings {params.settings:q}) 2>&1 | tee {log}"
+            "({PY} {WORKFLOW_PY}/plan.py prepare-space --work {DATA} {params.space} && "
+            "{PY} {WORKFLOW_PY}/prepare.py gather --data {DATA} --settings {params.settings:q}) 2>&1 | tee {log}"
 
     RAW = rules.gather.output
 
@@ -77,7 +77,7 @@ else:
         log:
             DATA + "/logs/download/{archive}.log",
         shell:
-            "{PY} {RECIPE_PY}/wmt_data.py {DOWNLOAD} --only {wildcards.archive:q} 2>&1 | tee {log}"
+            "{PY} {WORKFLOW_PY}/wmt_data.py {DOWNLOAD} --only {wildcards.archive:q} 2>&1 | tee {log}"
 
     rule extract:
         # the archives checked (their published checksums; IWSLT's recorded at its first use), then
@@ -85,7 +85,7 @@ else:
         input:
             sources=CORPUS.sources,
             archives=CORPUS.archive_paths(),
-            scripts=scripts(f"{RECIPE_PY}/wmt_data.py"),
+            scripts=scripts(f"{WORKFLOW_PY}/wmt_data.py"),
         output:
             [f"{DATA}/raw/{split}.{lang}" for split in CORPUS.splits() for lang in CORPUS.langs],
         params:
@@ -93,8 +93,8 @@ else:
         log:
             DATA + "/logs/extract.log",
         shell:
-            "({PY} {RECIPE_PY}/wmt_data.py {VERIFY} && {PY} {RECIPE_PY}/plan.py prepare-space {SPACE} && "
-            "{PY} {RECIPE_PY}/wmt_data.py {params.command:q}) 2>&1 | tee {log}"
+            "({PY} {WORKFLOW_PY}/wmt_data.py {VERIFY} && {PY} {WORKFLOW_PY}/plan.py prepare-space {SPACE} && "
+            "{PY} {WORKFLOW_PY}/wmt_data.py {params.command:q}) 2>&1 | tee {log}"
 
     RAW = rules.extract.output
 
@@ -104,7 +104,7 @@ if CORPUS.style != "toy":
     rule tokenize:
         input:
             RAW,
-            scripts=scripts(f"{RECIPE_PY}/prepare.py"),
+            scripts=scripts(f"{WORKFLOW_PY}/prepare.py"),
         output:
             [f"{DATA}/tok/{split}.{lang}" for split in CORPUS.splits() for lang in CORPUS.langs],
         params:
@@ -113,13 +113,13 @@ if CORPUS.style != "toy":
         log:
             DATA + "/logs/tokenize.log",
         shell:
-            "{PY} {RECIPE_PY}/prepare.py tokenize --data {DATA} --settings {params.settings:q} --workers {threads} "
+            "{PY} {WORKFLOW_PY}/prepare.py tokenize --data {DATA} --settings {params.settings:q} --workers {threads} "
             "2>&1 | tee {log}"
 
     rule segment:
         input:
             rules.tokenize.output,
-            scripts=scripts(f"{RECIPE_PY}/prepare.py"),
+            scripts=scripts(f"{WORKFLOW_PY}/prepare.py"),
         output:
             [f"{DATA}/{split}.{lang}" for split in CORPUS.splits(valid=True) for lang in CORPUS.langs]
             + [f"{DATA}/train.tok.{lang}" for lang in CORPUS.langs]
@@ -131,13 +131,13 @@ if CORPUS.style != "toy":
         log:
             DATA + "/logs/segment.log",
         shell:
-            "{PY} {RECIPE_PY}/prepare.py segment --data {DATA} --settings {params.settings:q} --workers {threads} "
+            "{PY} {WORKFLOW_PY}/prepare.py segment --data {DATA} --settings {params.settings:q} --workers {threads} "
             "2>&1 | tee {log}"
 
     rule binarize:
         input:
             rules.segment.output,
-            scripts=scripts(f"{RECIPE_PY}/prepare.py"),
+            scripts=scripts(f"{WORKFLOW_PY}/prepare.py"),
         output:
             directory(DATA + "/data-bin"),
         params:
@@ -146,7 +146,7 @@ if CORPUS.style != "toy":
         log:
             DATA + "/logs/binarize.log",
         shell:
-            "{PY} {RECIPE_PY}/prepare.py binarize --data {DATA} --settings {params.settings:q} --workers {threads} "
+            "{PY} {WORKFLOW_PY}/prepare.py binarize --data {DATA} --settings {params.settings:q} --workers {threads} "
             "2>&1 | tee {log} && printf '%s\\n' {RECORD:q} > {DATA}/prepared.json"
 
     # which study prepared DATA, with what: another study's settings are refused there (not its own
@@ -167,7 +167,7 @@ if STUDY.split:
         input:
             [f"{DATA}/{part}.{lang}" for part in ("train", "valid", "train.tok") for lang in CORPUS.langs],
             data=DATA + "/data-bin",
-            scripts=scripts(f"{RECIPE_PY}/short_to_long.py"),
+            scripts=scripts(f"{WORKFLOW_PY}/short_to_long.py"),
         output:
             directory(OUT + "/split/data-bin"),
         params:
@@ -177,5 +177,5 @@ if STUDY.split:
         log:
             OUT + "/logs/length_split.log",
         shell:
-            "{PY} {RECIPE_PY}/short_to_long.py --data {DATA} --out {OUT}/split --settings {params.settings:q} "
+            "{PY} {WORKFLOW_PY}/short_to_long.py --data {DATA} --out {OUT}/split --settings {params.settings:q} "
             "--corpus {params.corpus:q} --workers {threads} 2>&1 | tee {log}"

@@ -40,7 +40,7 @@ rule study_config:
 rule results:
     input:
         [d + "/score.txt" for s in SUFFIXES for d in test_dirs(s)],
-        scripts=scripts(f"{RECIPE_PY}/report.py"),
+        scripts=scripts(f"{WORKFLOW_PY}/report.py"),
     output:
         report(OUT + "/results.txt", category="scores"),
     log:
@@ -48,7 +48,7 @@ rule results:
     params:
         models=[d for s in SUFFIXES for d in test_dirs(s)],
     shell:
-        "{PY} {RECIPE_PY}/report.py results --models {params.models} --out {output} 2>&1 | tee {log}"
+        "{PY} {WORKFLOW_PY}/report.py results --models {params.models} --out {output} 2>&1 | tee {log}"
 
 
 rule length_report:
@@ -56,7 +56,7 @@ rule length_report:
         study=OUT + "/study{suffix}.json",
         files=lambda w: [d + f for d in test_dirs(w.suffix)
                          for f in ("/test.detok.txt", "/label.txt", "/test.log", "/averaged.pt", "/trained.json")],
-        scripts=scripts(f"{RECIPE_PY}/report.py"),
+        scripts=scripts(f"{WORKFLOW_PY}/report.py"),
     output:
         report(OUT + "/bleu_by_length{suffix}.md", category="BLEU by source length"),
         OUT + "/bleu_by_length{suffix}.json",
@@ -68,7 +68,7 @@ rule length_report:
     params:
         models=lambda w: test_dirs(w.suffix),
     shell:
-        "{PY} {RECIPE_PY}/report.py length --study {input.study} --models {params.models} "
+        "{PY} {WORKFLOW_PY}/report.py length --study {input.study} --models {params.models} "
         "--out {OUT}/bleu_by_length{wildcards.suffix} 2>&1 | tee {log}"
 
 
@@ -76,7 +76,7 @@ rule demo_report:
     input:
         study=OUT + "/study.json",
         files=[d + f for d in EVALUATED for f in ("/test.txt", "/label.txt", "/averaged.pt", "/trained.json")],
-        scripts=scripts(f"{RECIPE_PY}/report.py"),
+        scripts=scripts(f"{WORKFLOW_PY}/report.py"),
     output:
         report(OUT + "/results.md", category="results"),
         OUT + "/results.json",
@@ -86,4 +86,4 @@ rule demo_report:
     params:
         models=EVALUATED,
     shell:
-        "{PY} {RECIPE_PY}/report.py demo --study {input.study} --models {params.models} --out {OUT} 2>&1 | tee {log}"
+        "{PY} {WORKFLOW_PY}/report.py demo --study {input.study} --models {params.models} --out {OUT} 2>&1 | tee {log}"

@@ -1,8 +1,8 @@
 # Training: one job per model (wildcards: the row's name and the seed), FLOATER's vanilla stage
 # and control and distilled students included. The job's output is a record written once the
-# checkpoint reached its budget (fairseq_posenc/recipe/train_job.py); the checkpoints live in
+# checkpoint reached its budget (recipes/posenc_workflow/train_job.py); the checkpoints live in
 # OUT/checkpoints/HASH, which Snakemake never deletes, so a job run again goes on from there.
-from fairseq_posenc.recipe import plan as plan_module, train_config
+from posenc_workflow import plan as plan_module, train_config
 
 _RESOLVED = {}
 
@@ -44,7 +44,7 @@ def _same_as():
 
 def _train_inputs(wildcards):
     model = _model(wildcards)
-    inputs = {"data": STUDY.data_bin(), "scripts": scripts(f"{RECIPE_PY}/train_job.py")}
+    inputs = {"data": STUDY.data_bin(), "scripts": scripts(f"{WORKFLOW_PY}/train_job.py")}
     if model.start:
         inputs["start"] = os.path.join(STUDY.model_dir(STUDY.model(model.start, model.seed)), "trained.json")
     if model.teacher:
@@ -112,7 +112,7 @@ rule train:
         gres=f"gpu:{STUDY.train['gpus_per_node']}" if GPU else None,
         slurm_extra="--ntasks-per-node=1" if NODES > 1 else None,
     shell:
-        "OMP_NUM_THREADS={threads} {PY} {RECIPE_PY}/train_job.py --record {output} --checkpoints {params.root} "
+        "OMP_NUM_THREADS={threads} {PY} {WORKFLOW_PY}/train_job.py --record {output} --checkpoints {params.root} "
         "--config-id {params.config_id} --code {params.code} --software {params.software:q} --data {input.data} "
         "{params.start} {params.teacher} {params.budget} {params.launcher} "
         "--link $(dirname {output})/checkpoints -- fairseq-train {params.command:q} 2>&1 | tee {log}"

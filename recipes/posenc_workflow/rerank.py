@@ -2,7 +2,7 @@
 """Pick each sentence's hypothesis from a fairseq-generate n-best list by a length penalty of your choice.
 
     fairseq-generate DATA --path model.pt --beam 4 --nbest 4 --unnormalized ... > gen.nbest.txt
-    python fairseq_posenc/recipe/rerank.py --generation gen.nbest.txt --form gnmt --alpha 0.6 --beam 4 \\
+    python recipes/posenc_workflow/rerank.py --generation gen.nbest.txt --form gnmt --alpha 0.6 --beam 4 \\
         --out gen.txt
 
 Two forms of length penalty, both dividing a hypothesis' summed log-probability log P(Y|X):
@@ -47,10 +47,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-try:  # lines split at "\n" only, as fairseq wrote them
-    from .text import read_file
-except ImportError:  # run as a file by the recipes: python fairseq_posenc/recipe/rerank.py
-    from text import read_file
+from posenc_workflow.text import read_file  # lines split at "\n" only, as fairseq wrote them
 
 FORMS = ("fairseq", "gnmt")
 # printed P- values are rounded to 4 decimals; float32 machine epsilon for the sums fairseq kept
@@ -182,7 +179,7 @@ def rerank(sentences: List[Sentence], alpha: float, form: str) -> List[str]:
 
 def main(argv: Optional[List[str]] = None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="See the module docstring (python -m pydoc fairseq_posenc/recipe/rerank.py) "
+                                     epilog="See the module docstring (python -m pydoc recipes/posenc_workflow/rerank.py) "
                                             "for why this equals decoding with that penalty.")
     parser.add_argument("--generation", required=True,
                         help="fairseq-generate output decoded with --nbest BEAM and --unnormalized (or --lenpen 0)")

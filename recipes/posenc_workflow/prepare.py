@@ -2,10 +2,10 @@
 """Preparing a corpus as fairseq's examples/translation/prepare-*.sh make it, one step per rule of
 recipes/rules/prepare.smk, each step's settings a JSON object (the rule's params):
 
-    python fairseq_posenc/recipe/prepare.py gather   --data data/files_de_en --settings JSON
-    python fairseq_posenc/recipe/prepare.py tokenize --data data/wmt14_en_de --settings JSON
-    python fairseq_posenc/recipe/prepare.py segment  --data data/wmt14_en_de --settings JSON
-    python fairseq_posenc/recipe/prepare.py binarize --data data/wmt14_en_de --settings JSON
+    python recipes/posenc_workflow/prepare.py gather   --data data/files_de_en --settings JSON
+    python recipes/posenc_workflow/prepare.py tokenize --data data/wmt14_en_de --settings JSON
+    python recipes/posenc_workflow/prepare.py segment  --data data/wmt14_en_de --settings JSON
+    python recipes/posenc_workflow/prepare.py binarize --data data/wmt14_en_de --settings JSON
 
 WMT (prepare-wmt14en2*.sh): Moses' punctuation normalisation, non-printing characters to spaces
 and the tokenizer with -a on training and validation text (the test set only has its curly

@@ -13,7 +13,7 @@ from typing import List, Tuple
 
 def _own_options(encoding: str) -> set:
     """The options of ``encoding``'s config that the sinusoidal encoding's config does not have."""
-    from ..positions import POSITION_ENCODINGS
+    from fairseq_posenc.positions import POSITION_ENCODINGS
 
     def options(name):
         config = POSITION_ENCODINGS[name].config

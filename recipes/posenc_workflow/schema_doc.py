@@ -3,8 +3,8 @@
 recipes/README.md holds it between its ``reference`` markers (tests/test_recipes_readme.py keeps
 the two equal).
 
-    python fairseq_posenc/recipe/schema_doc.py             # print it
-    python fairseq_posenc/recipe/schema_doc.py --update    # write it into recipes/README.md
+    python recipes/posenc_workflow/schema_doc.py             # print it
+    python recipes/posenc_workflow/schema_doc.py --update    # write it into recipes/README.md
 """
 import argparse
 import json
@@ -13,7 +13,7 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMA = os.path.join(ROOT, "recipes", "conf", "schema.yaml")
 README = os.path.join(ROOT, "recipes", "README.md")
-BEGIN = "<!-- reference: generated from recipes/conf/schema.yaml by fairseq_posenc/recipe/schema_doc.py -->"
+BEGIN = "<!-- reference: generated from recipes/conf/schema.yaml by recipes/posenc_workflow/schema_doc.py -->"
 END = "<!-- end of reference -->"
 
 

@@ -4,7 +4,7 @@ configuration in which it differs from the study's other rows, e.g. ``sinusoidal
 3)`` beside ``sinusoidal``, ``alibi (split, --dropout 0.2)``.
 
 The options are read from each checkpoint's stored configuration, never from how a row was asked
-for: the fields that name a model (fairseq_posenc/recipe/train_config.py ``hashed_fields``: the
+for: the fields that name a model (recipes/posenc_workflow/train_config.py ``hashed_fields``: the
 resolved configuration less paths, logging, devices and the budget, the batch as its tokens per
 update), less the plugin's position options and fairseq's input position embedding, which the label speaks
 for, and the architecture's name, which the label's encoding and the fields it sets say. An option is named in the rows whose
@@ -51,7 +51,7 @@ def stored_config(path: str) -> Dict[str, Any]:
 
 def _position_options() -> set:
     """The options the plugin adds to fairseq's Transformer: what a label names."""
-    from .models.transformer_posenc import PosencTransformerModel
+    from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 
     def dests(model):
         parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
@@ -63,7 +63,7 @@ def _position_options() -> set:
 
 def training_options(config: Dict[str, Any]) -> Dict[str, Any]:
     """The fields of a stored configuration that can make two rows two models, less the label's."""
-    from .recipe.train_config import hashed_fields
+    from posenc_workflow.train_config import hashed_fields
 
     position = _position_options() | set(INPUT_POSITIONS)
     return {key: value for key, value in hashed_fields(config).items()
@@ -81,7 +81,7 @@ def describe(key: str, value: Any) -> str:
         return flag
     if value is False:
         return f"no {flag}"
-    from .labels import number
+    from fairseq_posenc.labels import number
 
     return f"{flag} {number(value)}" if isinstance(value, float) else f"{flag} {value}"
 

@@ -2,16 +2,16 @@
 """One training job of recipes/Snakefile: fairseq-train in a checkpoint directory named by a hash,
 then a record (the job's declared output) written only when the checkpoint reached its budget.
 
-    python fairseq_posenc/recipe/train_job.py --record runs/x/models/alibi/seed1/trained.json \\
+    python recipes/posenc_workflow/train_job.py --record runs/x/models/alibi/seed1/trained.json \\
         --checkpoints runs/x/checkpoints --config-id ID --code KEY --data DATA_BIN \\
         [--start RECORD] [--teacher CHECKPOINT] [--max-update N] [--max-epoch E] [--launcher "srun ..."] \\
         -- fairseq-train DATA_BIN --arch ... (no --save-dir)
 
 The directory is CHECKPOINTS/HASH, HASH of what the model is: the resolved configuration's hash
-(``--config-id``: fairseq_posenc/recipe/train_config.py, which names what it leaves out and why),
+(``--config-id``: recipes/posenc_workflow/train_config.py, which names what it leaves out and why),
 the training data's content (dictionaries, train and valid of DATA_BIN), the content of the
 checkpoint a warm start reads (the start's record names its directory: ``{start}`` in the
-command), the teacher's, and the code (``--code``: fairseq_posenc/recipe/workflow.py code_key).
+command), the teacher's, and the code (``--code``: recipes/posenc_workflow/workflow.py code_key).
 Snakemake deletes a job's outputs before it runs; the directory is none of them, so a job that
 runs again (preempted, killed, its command changed in a field the hash leaves out, a larger
 budget) goes on from fairseq's checkpoint_last.pt there, and one whose checkpoint already

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """BLEU of a fairseq-generate output, both ways the papers report it, appended to a results file.
 
-    python fairseq_posenc/recipe/scoring.py score --generation gen.txt --lang de --ref test.raw.de \\
+    python recipes/posenc_workflow/scoring.py score --generation gen.txt --lang de --ref test.raw.de \\
         --label "wmt14_en_de en-de enc=sinusoidal arch=base newstest2014" --results results.txt
 
 ``gen.txt`` is ``fairseq-generate --remove-bpe`` output over Moses-tokenized text (or its n-best
-list reranked to one hypothesis per sentence by ``fairseq_posenc/recipe/rerank.py``). Two lines are
+list reranked to one hypothesis per sentence by ``recipes/posenc_workflow/rerank.py``). Two lines are
 appended to ``--results`` (atomically, under a lock, so parallel runs do not interleave):
 
 * SacreBLEU (default 13a tokenisation) of the detokenized hypotheses against the raw reference,
@@ -31,7 +31,7 @@ everything: SacreBLEU case-insensitive (``-lc``, signature ``case:lc``) against 
 mixed-case references, and tokenized BLEU on the lowercased tokens against the lowercased
 tokenized references (the T- lines; what fairseq-generate's own BLEU prints on that corpus).
 
-    python fairseq_posenc/recipe/scoring.py detok-generation --generation gen.txt --lang de \\
+    python recipes/posenc_workflow/scoring.py detok-generation --generation gen.txt --lang de \\
         --bpe subword_nmt --out gen.detok.txt
 
 keeps the S- lines as they are (for binning by source length in subwords) and rewrites the H-
@@ -51,18 +51,16 @@ logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
 if "fairseq_posenc" not in sys.modules:
     # the package's modules without its __init__ (the plugin's registration imports fairseq and torch,
     # seconds a job, for two modules that need neither)
+    import importlib.util
     import types
 
     _package = types.ModuleType("fairseq_posenc")
-    _package.__path__ = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    _package.__path__ = list(importlib.util.find_spec("fairseq_posenc").submodule_search_locations)
     sys.modules["fairseq_posenc"] = _package
 from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.generation import parse_generate_output  # noqa: E402
 
-try:
-    from .text import detokenize_line, read_file
-except ImportError:  # run as a file by the recipes: python fairseq_posenc/recipe/scoring.py
-    from text import detokenize_line, read_file
+from posenc_workflow.text import detokenize_line, read_file  # noqa: E402
 
 
 # target languages whose tokenized BLEU is computed on compound-split tokens (the En-De convention)

@@ -46,8 +46,10 @@ def _imported(path: str, root: str) -> Tuple[str, ...]:
     found = []
 
     def top(name: str) -> List[str]:
-        """Where a top-level name is found: beside a file run as a script, in scripts/, at the root."""
-        return [d for d in (here, os.path.join(root, "scripts"), root) if _module_file(os.path.join(d, name))]
+        """Where a top-level name is found: beside a file run as a script, in scripts/, at the root
+        (the plugin), in recipes/ (the workflow's package, setup.py's package_dir)."""
+        return [d for d in (here, os.path.join(root, "scripts"), root, os.path.join(root, "recipes"))
+                if _module_file(os.path.join(d, name))]
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

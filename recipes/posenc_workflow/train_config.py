@@ -295,7 +295,7 @@ def budget(config: Dict[str, Any]):
 
 def identity(config: Dict[str, Any], extra: Optional[Dict[str, str]] = None) -> str:
     """12 hex digits naming the model of ``config`` trained on what ``extra`` names by content (the
-    training data, the checkpoint it starts from, the code: fairseq_posenc/recipe/train_job.py)."""
+    training data, the checkpoint it starts from, the code: recipes/posenc_workflow/train_job.py)."""
     text = json.dumps([hashed_fields(config), sorted((extra or {}).items())], sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 

@@ -3,10 +3,10 @@
 
     # check (or download, giving up after --timeout s of silence) every archive of a recipe's `sources`
     # file, or --only one of them
-    python fairseq_posenc/recipe/wmt_data.py fetch --sources recipes/wmt14_en_de/sources --raw-dir orig/ \
+    python recipes/posenc_workflow/wmt_data.py fetch --sources recipes/wmt14_en_de/sources --raw-dir orig/ \
         [--no-download] [--timeout 60] [--only dev.tgz]
     # write train/valid/test.{src,tgt}: training corpora concatenated, .sgm test sets read as text
-    python fairseq_posenc/recipe/wmt_data.py extract --sources recipes/wmt14_en_de/sources --raw-dir orig/ \\
+    python recipes/posenc_workflow/wmt_data.py extract --sources recipes/wmt14_en_de/sources --raw-dir orig/ \\
         --src en --tgt de --out-dir raw/
 
 A `sources` file has two kinds of lines (``#`` starts a comment; fields separated by spaces):

@@ -1,7 +1,7 @@
 """Thin wrappers over fairseq's own CLI, for the demo, the benchmark and the tests.
 
 Every step is the command a user would type (``fairseq-preprocess``, ``fairseq-train``,
-``fairseq-generate``), with ``--user-dir`` pointing at this package; nothing here reimplements
+``fairseq-generate``), with ``--user-dir`` pointing at the plugin; nothing here reimplements
 fairseq. Output of each command goes to a log file; a failing command raises with its tail.
 """
 import os
@@ -10,11 +10,12 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
-USER_DIR = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS_DIR = os.path.join(os.path.dirname(USER_DIR), "scripts")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+USER_DIR = os.path.join(ROOT, "fairseq_posenc")
+SCRIPTS_DIR = os.path.join(ROOT, "scripts")
 
 
-from .generation import Generation, parse_generate_output  # noqa: E402,F401  (fairseq-generate's output, read)
+from fairseq_posenc.generation import Generation, parse_generate_output  # noqa: E402,F401  (fairseq-generate's output, read)
 
 
 class CommandFailed(RuntimeError):
@@ -102,7 +103,7 @@ def toy_train_flags(position_encoding: str = "sinusoidal", max_update: int = 300
                     warmup_updates: int = 100, share: Sequence[str] = ("--share-all-embeddings",)) -> List[str]:
     """A model and schedule that learn the toy task on 2 CPU cores in about a minute ("small").
     ``device``: the device and precision flags (the workflow's train.device gpu gives its own)."""
-    from .models.from_flags import size_flags
+    from fairseq_posenc.models.from_flags import size_flags
 
     return [
         "--arch", "transformer_posenc", "--position-encoding", position_encoding, *device,

@@ -3,16 +3,16 @@
 OUT/models/NAME/seedS: trained.json, averaged.pt, label.txt, test.txt, score.txt).
 
     # the score lines of every model, one file
-    python fairseq_posenc/recipe/report.py results --models DIR... --out OUT/results.txt
+    python recipes/posenc_workflow/report.py results --models DIR... --out OUT/results.txt
     # per bin of source length: SacreBLEU, chrF, length ratio over seeds, each row against the baseline
-    python fairseq_posenc/recipe/report.py length --study STUDY.json --models DIR... --out OUT/bleu_by_length
+    python recipes/posenc_workflow/report.py length --study STUDY.json --models DIR... --out OUT/bleu_by_length
     # the demo's tables (parameters, training time, learned biases) and its length report and plots
-    python fairseq_posenc/recipe/report.py demo --study STUDY.json --models DIR... --out OUT
+    python recipes/posenc_workflow/report.py demo --study STUDY.json --models DIR... --out OUT
 
 A row is named by its models' label (label.txt, read from the averaged checkpoint by
 ``python -m fairseq_posenc.labels``; every seed of a row must have the same one) and the options in
 which its training differs from the other rows', read from averaged.pt's stored configuration
-(fairseq_posenc/row_names.py): ``sinusoidal`` and ``sinusoidal (--encoder-layers 3)``.
+(recipes/posenc_workflow/row_names.py): ``sinusoidal`` and ``sinusoidal (--encoder-layers 3)``.
 """
 import argparse
 import json
@@ -23,10 +23,9 @@ from collections import OrderedDict
 from typing import Dict, List
 
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from fairseq_posenc import study_report  # noqa: E402
-from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.generation import parse_generate_output  # noqa: E402
+from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 
 CONTROL = "vanilla_continued"
 MAX_POSITIONS = 1024
@@ -57,10 +56,10 @@ def rows_of(model_dirs: List[str]) -> "OrderedDict[str, List[str]]":
 
 def labelled(model_dirs: List[str]) -> "OrderedDict[str, List[str]]":
     """row name -> the row's model directories: each row under its models' one label and the
-    options of its training in which it differs from the other rows (fairseq_posenc/row_names.py,
+    options of its training in which it differs from the other rows (recipes/posenc_workflow/row_names.py,
     from the first seed's averaged.pt), rows trained from a start or a teacher compared with each
     other, the rest with each other (a warm start's lower lr and a student's size are their kind's)."""
-    from fairseq_posenc import row_names
+    from posenc_workflow import row_names
 
     rows = rows_of(model_dirs)
     labels, groups, options = {}, OrderedDict(), {}
@@ -220,9 +219,14 @@ def bias_table(rows) -> str:
 def plot_positions(rows: Dict[str, List[str]], seed_index: int, out: str, length: int) -> list:
     """positions_NAME.png: what each row's encoding looks like in the first seed's best checkpoint,
     over the test set's source lengths (scripts/plot_positions.py)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                    "scripts"))
-    import plot_positions as plot
+    import importlib.util
+
+    # a script of the checkout, not a module of an installed package: loaded from its file
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
+                        "plot_positions.py")
+    spec = importlib.util.spec_from_file_location("plot_positions", path)
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
 
     figures = []
     for label, dirs in rows.items():

@@ -2,15 +2,15 @@
 """Text steps of the WMT recipes, with sacremoses and sentencepiece instead of Moses' Perl scripts.
 
     # normalise punctuation, drop non-printing characters, tokenize (Moses' -a: split dashes as @-@)
-    python fairseq_posenc/recipe/text.py tokenize --lang en < raw.en > tok.en
+    python recipes/posenc_workflow/text.py tokenize --lang en < raw.en > tok.en
     # Moses' clean-corpus-n: keep pairs of 1..250 tokens per side and a length ratio of at most 1.5;
     # --also filters other line-aligned files the same way (e.g. the tokenized text behind a BPE'd one)
-    python fairseq_posenc/recipe/text.py clean --src bpe.en --tgt bpe.de --out-src train.en --out-tgt train.de
+    python recipes/posenc_workflow/text.py clean --src bpe.en --tgt bpe.de --out-src train.en --out-tgt train.de
     # detokenize: undo @-@ and Moses' escaping
-    python fairseq_posenc/recipe/text.py detokenize --lang de < hyp.tok.de > hyp.de
+    python recipes/posenc_workflow/text.py detokenize --lang de < hyp.tok.de > hyp.de
     # sentencepiece instead of subword-nmt (BPE=sentencepiece in the recipes)
-    python fairseq_posenc/recipe/text.py spm-train --input tok.en tok.de --model-prefix spm --vocab-size 40000
-    python fairseq_posenc/recipe/text.py spm-encode --model spm.model < tok.en > bpe.en
+    python recipes/posenc_workflow/text.py spm-train --input tok.en tok.de --model-prefix spm --vocab-size 40000
+    python recipes/posenc_workflow/text.py spm-encode --model spm.model < tok.en > bpe.en
 """
 import argparse
 import contextlib

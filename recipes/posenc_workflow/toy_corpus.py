@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The demo's generated language pair (corpus.name toy, recipes/rules/prepare.smk's toy_corpus rule):
-training, validation and test text (fairseq_posenc/toy_data.py) binarized by fairseq-preprocess.
+training, validation and test text (recipes/posenc_workflow/toy_data.py) binarized by fairseq-preprocess.
 
-    python fairseq_posenc/recipe/toy_corpus.py --settings JSON --out DIR
+    python recipes/posenc_workflow/toy_corpus.py --settings JSON --out DIR
 """
 import argparse
 import json
@@ -11,12 +11,9 @@ import shutil
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def toy(out: str, s: dict):
-    sys.path.insert(0, ROOT)
-    from fairseq_posenc import toy_data
+    from posenc_workflow import toy_data
 
     top = max(s["long_max_len"], s["train_max_len"] + 1)
     splits = {"train": (s["train_size"], 3, s["train_max_len"]), "valid": (200, 3, s["train_max_len"]),

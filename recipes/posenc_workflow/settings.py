@@ -10,7 +10,7 @@ import json
 import os
 from typing import Iterator, List, Optional, Tuple
 
-from .workflow import ROOT, VANILLA, ConfigError
+from posenc_workflow.workflow import ROOT, VANILLA, ConfigError
 
 SCHEMA = os.path.join(ROOT, "recipes", "conf", "schema.yaml")
 _FETCH = ("how the archives are fetched and checked, not what they hold: the download and extract commands "
@@ -119,7 +119,7 @@ def _refusals(study, given: dict) -> Iterator[Tuple[List[str], str]]:
 def check(study, given: Optional[dict]) -> None:
     """Refuse, in one line, what the study cannot run: a model size the recipe has not, and (with
     ``given``, the configuration before the schema's defaults) a setting given that it would not use."""
-    from ..models.from_flags import MODEL_SIZES
+    from fairseq_posenc.models.from_flags import MODEL_SIZES
 
     if study.train["recipe"] == "toy" and study.arch not in MODEL_SIZES:
         raise ConfigError(f"models.arch {study.arch}: train.recipe toy trains transformer_posenc at the sizes "

@@ -80,7 +80,7 @@ CORPORA = {
 TARGET_SUBWORDS = {"wmt": 28, "iwslt": 23}
 #: what ``auto`` means for the train settings each recipe sets its own way: Ott et al.'s
 #: scaling_nmt flags (large_batch: 250 warmup updates, fairseq's examples/scaling_nmt), the demo's
-#: toy flags (fairseq_posenc/pipeline.py toy_train_flags; None: not passed, fairseq's own default)
+#: toy flags (recipes/posenc_workflow/pipeline.py toy_train_flags; None: not passed, fairseq's own default)
 RECIPE_AUTO = {
     "scaling_nmt": {"warmup_updates": 4000, "warmup_init_lr": 1e-7, "adam_eps": 1e-9},
     "toy": {"warmup_updates": 100, "warmup_init_lr": None, "adam_eps": None, "dropout": 0.1, "max_tokens": 2000,
@@ -151,7 +151,7 @@ class Row:
 
 def parse_row(spec: str) -> Row:
     """``ENC`` or ``ENC:--flag=value[,--flag=value...]`` (a flag without ``=value`` is a switch)."""
-    from ..positions import POSITION_ENCODINGS
+    from fairseq_posenc.positions import POSITION_ENCODINGS
 
     encoding, _, rest = str(spec).partition(":")
     if encoding in (CONTROL, VANILLA):
@@ -197,8 +197,8 @@ def preflight_label(encoding: str, flags: List[str], size: str = "tiny", warm_st
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-    from .. import labels
-    from ..models.from_flags import size_flags
+    from fairseq_posenc import labels
+    from fairseq_posenc.models.from_flags import size_flags
 
     class Task:
         source_dictionary = target_dictionary = Dictionary()
@@ -241,13 +241,13 @@ def preflight_label(encoding: str, flags: List[str], size: str = "tiny", warm_st
 def code_files(root: str = ROOT, encoding: Optional[str] = None) -> List[str]:
     """The files fairseq's ``--user-dir`` runs to train a model of ``encoding``: what
     ``fairseq_posenc/__init__.py`` imports (at module level or inside a function, the C++
-    extension's source included), read from the source (fairseq_posenc/recipe/sources.py), never
+    extension's source included), read from the source (recipes/posenc_workflow/sources.py), never
     from what a process happened to import; less what only the other encodings' schemes run (the
     files of their classes and what only those import), which the registry
     (positions/__init__.py) imports beside this one's. A file of another scheme that this scheme
     imports itself (learned.py imports sinusoidal.py) is its code too. Without ``encoding``: every
     encoding's."""
-    from .sources import sources
+    from posenc_workflow.sources import sources
 
     init = os.path.join(root, "fairseq_posenc", "__init__.py")
     if encoding is None:
@@ -264,7 +264,7 @@ def code_files(root: str = ROOT, encoding: Optional[str] = None) -> List[str]:
 
 def _encoding_files(root: str = ROOT) -> Dict[str, set]:
     """encoding -> the files defining the classes of its scheme (its MRO), for every registered one."""
-    from ..positions import POSITION_ENCODINGS
+    from fairseq_posenc.positions import POSITION_ENCODINGS
 
     owned = {}
     for name, cls in POSITION_ENCODINGS.items():
@@ -343,7 +343,7 @@ class Study:
     def __init__(self, config: dict, preflight: bool = True, given: Optional[dict] = None):
         """``given``: the configuration as the user's files and --config gave it, before the
         schema's defaults: a setting given that the study's recipe, corpus or device would not use
-        is refused (fairseq_posenc/recipe/settings.py)."""
+        is refused (recipes/posenc_workflow/settings.py)."""
         self.config = config
         corpus = config["corpus"]
         if corpus["name"] not in CORPORA:
@@ -374,7 +374,7 @@ class Study:
         self.warm = config.get("warm_start") or {}
         self.evaluate = config["evaluate"]
         self.split = config.get("split")
-        from .settings import check
+        from posenc_workflow.settings import check
 
         check(self, given)
         self._resolved: Dict[str, tuple] = {}
@@ -382,7 +382,7 @@ class Study:
         self.models = self._models()
 
     def _default_data(self, corpus: dict) -> str:
-        from .corpus import files_data_dir
+        from posenc_workflow.corpus import files_data_dir
 
         if corpus["name"] == "toy":
             return os.path.join(self.out, "corpus")
@@ -393,7 +393,7 @@ class Study:
     def test_sets(self):
         """Every test set decoded, scored and reported apart (corpus.TestSet): the corpus's, or a
         files corpus's named ones; with a split, first the long pairs it set aside."""
-        from .corpus import TestSet, named_tests
+        from posenc_workflow.corpus import TestSet, named_tests
 
         if self.config["corpus"]["name"] != "files":
             return [TestSet(self.test_set(), "test", "test", "models")]
@@ -406,7 +406,7 @@ class Study:
 
     # -- rows and their preflight -----------------------------------------------------------------
     def _check_rows(self, preflight: bool):
-        from ..positions import POSITION_ENCODINGS
+        from fairseq_posenc.positions import POSITION_ENCODINGS
 
         for encoding in self.train.get("encoding_flags") or {}:
             if encoding not in POSITION_ENCODINGS:
@@ -450,7 +450,7 @@ class Study:
     def resolved(self, model: "Model"):
         """(fairseq's resolved configuration of the model's command, its identity), once a model,
         cached on disk under :func:`config_cache`."""
-        from . import train_config
+        from posenc_workflow import train_config
 
         if model.key not in self._resolved:
             try:
@@ -510,8 +510,8 @@ class Study:
     def _model_flags(self, encoding: str) -> List[str]:
         """The study's model flags for ``encoding``: its own (model_flags), the bias scale where the
         encoding takes one, and the per-encoding overrides."""
-        from ..positions import POSITION_ENCODINGS
-        from ..positions.bias_scale import uses_bias_scale
+        from fairseq_posenc.positions import POSITION_ENCODINGS
+        from fairseq_posenc.positions.bias_scale import uses_bias_scale
 
         flags = [str(f) for f in self.train.get("model_flags", [])]
         scale = self.train.get("position_bias_scale")
@@ -528,7 +528,7 @@ class Study:
         arch = arch or self.arch
         if arch in ARCHS:
             return ["--arch", f"transformer_{encoding}_{ARCHS[arch].suffix}"]
-        from ..models.from_flags import size_flags
+        from fairseq_posenc.models.from_flags import size_flags
 
         return ["--arch", "transformer_posenc", "--position-encoding", encoding, *size_flags(arch)]
 
@@ -563,8 +563,8 @@ class Study:
 
     def batch(self):
         """(max_tokens, update_freq) of every model: auto keeps ``train.batch_target`` padded tokens
-        an update at any GPU count (fairseq_posenc/recipe/plan.py)."""
-        from .plan import batch_for
+        an update at any GPU count (recipes/posenc_workflow/plan.py)."""
+        from posenc_workflow.plan import batch_for
 
         target = self.train["batch_target"] * (16 if self.train.get("large_batch") else 1)
         max_tokens = None if self.train["max_tokens"] == "auto" else int(self.train["max_tokens"])
@@ -636,7 +636,7 @@ class Study:
     def _split_flags(self, model: Model):
         """(flags of the model, flags that stay with the warm-started stage): a vanilla start and the
         control take the study's flags without the warm-started encoding's own (flags.split)."""
-        from .flags import split
+        from posenc_workflow.flags import split
 
         shared = self._model_flags(model.encoding)
         if model.kind in ("vanilla", "control"):
@@ -650,7 +650,7 @@ class Study:
         """The demo's flags (pipeline.toy_train_flags) with the study's settings: each ``auto`` the
         toy recipe's value (:data:`RECIPE_AUTO`), a setting of fairseq's default passed only when
         it differs, so that the demo's commands stay what they were."""
-        from ..pipeline import toy_train_flags
+        from posenc_workflow.pipeline import toy_train_flags
 
         t = self.train
         max_update, max_epoch = self.budget(model)
@@ -747,7 +747,7 @@ class Study:
 
     def corpus_estimate(self):
         """The corpus's published size (plan.CorpusEstimate) for the plan before it is prepared."""
-        from .plan import CorpusEstimate
+        from posenc_workflow.plan import CorpusEstimate
 
         if self.facts["style"] == "files":
             return self._counted_files()
@@ -762,7 +762,7 @@ class Study:
     def _counted_files(self):
         """A files corpus's training pairs and target words, counted in its files (the plan before
         it is prepared): its own split's validation pairs out, a word a subword (BPE only adds)."""
-        from .plan import CorpusEstimate
+        from posenc_workflow.plan import CorpusEstimate
 
         corpus = self.config["corpus"]
         path = corpus["train"]["tgt"]
@@ -783,7 +783,7 @@ class Study:
     def tokens_per_second(self, model: "Model") -> Optional[float]:
         """train.tokens_per_second, auto: Vaswani et al.'s P100 speed for base and big models
         (plan.PAPER_TOKENS_PER_SECOND), none on CPUs (a CPU's speed is the user's to measure)."""
-        from .plan import PAPER_TOKENS_PER_SECOND
+        from posenc_workflow.plan import PAPER_TOKENS_PER_SECOND
 
         value = self.train.get("tokens_per_second", "auto")
         if value == "auto":
@@ -830,7 +830,7 @@ def _without(flags: List[str], option: str) -> List[str]:
 
 
 def _sizes():
-    from ..models.from_flags import MODEL_SIZES
+    from fairseq_posenc.models.from_flags import MODEL_SIZES
 
     return MODEL_SIZES
 

@@ -1,13 +1,13 @@
 """What the preparation rules of recipes/rules/prepare.smk need when the workflow is parsed: the
 corpus's files (the sources file and the archives of a shipped corpus, or the user's own files of
 ``corpus.name: files``) and the settings of each step (its params), which
-fairseq_posenc/recipe/prepare.py's subcommands run with."""
+recipes/posenc_workflow/prepare.py's subcommands run with."""
 import hashlib
 import json
 import os
 from typing import Dict, List, NamedTuple, Optional
 
-from .workflow import ROOT, ConfigError
+from posenc_workflow.workflow import ROOT, ConfigError
 
 
 #: the fields of ``corpus`` that decide what a prepared corpus holds (its directory's name for
@@ -117,12 +117,12 @@ class Corpus:
             raise ConfigError(str(e)) from None
 
     def _archives(self):
-        from .wmt_data import read_sources
+        from posenc_workflow.wmt_data import read_sources
 
         return read_sources(self.sources, *self.langs)
 
     def archive_paths(self) -> List[str]:
-        from .wmt_data import archive_path
+        from posenc_workflow.wmt_data import archive_path
 
         return [archive_path(self.study.config["corpus"]["archives"], a.file) for a in self._archives()[0]]
 

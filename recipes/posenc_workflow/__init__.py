@@ -1,4 +1,4 @@
-"""The recipes' internals (what recipes/Snakefile's rules run; what a person runs is in ``scripts/``):
+"""The workflow's Python (what recipes/Snakefile's rules run; what a person runs is in ``scripts/``):
 
 - workflow.py: a study's configuration as its rows, models and fairseq-train commands, checked
   when the workflow is parsed; train_config.py: the resolved configuration and the hash that names
@@ -10,8 +10,13 @@
   length split of a prepared corpus; toy_corpus.py: the demo's generated pair; wmt_data.py: the archives
   (download, extraction); text.py: tokenize, clean, lowercase, sentencepiece;
 - scoring.py: SacreBLEU and tokenized BLEU; rerank.py: GNMT's length penalty by reranking an
-  n-best list; report.py: the studies' reports; schema_doc.py: recipes/README.md's reference.
+  n-best list; report.py: the studies' reports; row_names.py: a report's row names;
+  schema_doc.py: recipes/README.md's reference;
+- pipeline.py: fairseq's commands for the demo, the benchmark and the tests; toy_data.py: the
+  toy language pairs.
 
-The rules run most of them as files (``python fairseq_posenc/recipe/train_job.py ...``): then this
-package is not imported, and neither is fairseq unless the command needs it. Nothing here is
-imported by ``--user-dir``: fairseq loads the plugin's models and criterions only."""
+An installed package (setup.py's package_dir), imported by its name, never through ``sys.path``
+edits; its command-line steps are console scripts (``posenc-scoring``, ...) and run as files too
+(``python recipes/posenc_workflow/train_job.py ...``, as the rules do). Importing it imports
+neither fairseq nor the plugin, which imports nothing of it: ``--user-dir`` loads the plugin's
+models and criterions only."""

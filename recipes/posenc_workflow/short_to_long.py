@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """The short-to-long split of a prepared corpus (FLOATER Sec. 4.3), the length_split rule of
 recipes/rules/prepare.smk: its own file, so that an edit of scripts/length_split.py (what it runs)
-redoes the split and what follows it, not the corpus's preparation (fairseq_posenc/recipe/sources.py).
+redoes the split and what follows it, not the corpus's preparation (recipes/posenc_workflow/sources.py).
 
-    python fairseq_posenc/recipe/short_to_long.py --data DATA --out DIR --settings JSON --corpus JSON
+    python recipes/posenc_workflow/short_to_long.py --data DATA --out DIR --settings JSON --corpus JSON
 """
 import argparse
 import glob
@@ -13,8 +13,7 @@ import shutil
 import sys
 from typing import Dict
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prepare import ROOT, PrepareError, _apply, _bin, _run  # noqa: E402
+from posenc_workflow.prepare import ROOT, PrepareError, _apply, _bin, _run
 
 
 def length_split(data: str, out: str, s: Dict, c: Dict, workers: int):

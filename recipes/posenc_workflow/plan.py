@@ -5,7 +5,7 @@ epoch, where training stops, the checkpoints averaged, disk and GPU-hours.
 
     # exit 2 (one line) if a corpus's preparation would not fit on the disk of --work (the extract
     # and gather rules run it before they write the text)
-    python fairseq_posenc/recipe/plan.py prepare-space --work data/x --recipe wmt14_en_de --sources S \\
+    python recipes/posenc_workflow/plan.py prepare-space --work data/x --recipe wmt14_en_de --sources S \\
         --archives-dir data/archives --src en --tgt de      # or --raw-text data/x/raw (or a files corpus's files)
 
 Tokens per update: every process takes its own batches of --max-tokens and --update-freq of them
@@ -137,7 +137,6 @@ def batch_layout(src_sizes, tgt_sizes, max_tokens: int):
     import numpy as np
     from fairseq.data import data_utils
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from fairseq_posenc import compat
 
     compat.keep_last_batch()
@@ -299,10 +298,7 @@ def main(argv: Optional[List[str]] = None):
     try:
         archives = []
         if not args.raw_text:
-            try:
-                from .wmt_data import archive_path, read_sources
-            except ImportError:  # run as a file: this folder is on sys.path
-                from wmt_data import archive_path, read_sources
+            from posenc_workflow.wmt_data import archive_path, read_sources
 
             corpora = read_sources(args.sources, args.src, args.tgt)[1]
             archives = [archive_path(args.archives_dir, name) for name in sorted({c.archive for c in corpora})]
@@ -455,7 +451,7 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
     if estimate and not glob_train(study.data_bin()) and (totals["disk"] or totals["gpu_hours"] or totals["cpu_hours"]):
         line += " (estimated before the corpus is prepared)"
     print(line, file=stream)
-    from .workflow import local_gpus
+    from posenc_workflow.workflow import local_gpus
 
     if study.train["device"] == "gpu" and not local_gpus():
         print("| plan: no GPU on this machine: the trainings and decodes run through a profile or executor "
@@ -467,8 +463,8 @@ def changes_since_trained(study, model, config: Dict, config_id: str) -> List[st
     """What makes ``model`` train again where its record (trained.json) names another model: each
     changed field of fairseq's resolved configuration with its old and new value
     (train_config.differences of the recorded command's), and the code."""
-    from .train_config import differences, resolve
-    from .workflow import code_key, config_cache
+    from posenc_workflow.train_config import differences, resolve
+    from posenc_workflow.workflow import code_key, config_cache
 
     path = os.path.join(study.model_dir(model), "trained.json")
     try:
