@@ -1,7 +1,7 @@
 """Everything fairseq needs to run on this stack (Python 3.11, torch >= 2.6), in one place.
 
 Applied once when the plugin is imported, which fairseq's CLI does (``--user-dir``) before it
-touches a checkpoint. Each fix has a test in ``tests/test_compat.py`` that fails without it.
+touches a checkpoint. Each fix has a test in ``tests/unit/test_compat.py`` that fails without it.
 """
 import argparse
 import builtins
@@ -312,7 +312,7 @@ def ema_averages_parameters():
     (``positions.kept.kept_result_keys``) are neither averaged nor copied: the EMA model keeps its
     own, solved for its own parameters when it is saved. Both state dicts of a step are read
     inside ``kept.not_saving()``, so that no kept result is recomputed for them at every update.
-    Tested in tests/test_ema.py (fairseq-train with --store-ema, every encoding)."""
+    Tested in tests/fairseq/test_ema.py (fairseq-train with --store-ema, every encoding)."""
     from fairseq.models.ema.ema import EMA
 
     original = EMA._step_internal
@@ -417,7 +417,7 @@ def fp16_overflow_on_cpu():
     --cpu --fp16`` (or ``--memory-efficient-fp16``) stops at its first overflow instead of lowering
     the loss scale. The same ``train_step`` is compiled again with that one expression on the
     trainer's own device; on CUDA it is the same tensor. Where fairseq's source differs (another
-    version), nothing is changed. Tested in tests/test_mixed_precision.py (an injected overflow)."""
+    version), nothing is changed. Tested in tests/unit/test_mixed_precision.py (an injected overflow)."""
     import contextlib
     import inspect
     import textwrap

@@ -25,7 +25,7 @@ from fairseq import options
 
 import fairseq_posenc  # noqa: F401  (registers the plugin's models, criterions and flags)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = ["README.md", "recipes/README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md"))
 FAIRSEQ_PARSERS = {
     "fairseq-train": lambda: options.get_training_parser(),
@@ -239,7 +239,7 @@ def unknown_in(tokens):
         torchrun = _help_flags(os.path.join(os.path.dirname(sys.executable), "torchrun"))
         unknown = [f for f in _flags(tokens[1:end]) if f not in torchrun]
         return unknown + (fairseq_unknown("fairseq-train", tokens[end:]) if end < len(tokens) else [])
-    return [f"{tokens[0]}: a program this check does not know (add it to tests/test_docs.py)"]
+    return [f"{tokens[0]}: a program this check does not know (add it to tests/docs/test_docs.py)"]
 
 
 COMMANDS = doc_commands()

@@ -5,10 +5,10 @@ nested value's leaves as strings) and read as the workflow reads them, the schem
 accept, their rows built as fairseq-train will build them; and the papers' tables each have
 their command.
 
-tests/test_docs.py checks the flags and keys by name; here each command's whole configuration
+tests/docs/test_docs.py checks the flags and keys by name; here each command's whole configuration
 (the corpus's file, the study files, the --config values, as Snakemake merges them) is checked
 against recipes/conf/schema.yaml and turned into the workflow's models, in this process. The
-dry run of every shipped configuration is tests/test_workflow.py's."""
+dry run of every shipped configuration is tests/workflow/test_workflow.py's."""
 import os
 
 import pytest

@@ -23,17 +23,17 @@ import torch
 from fairseq.data import Dictionary
 
 from fairseq_posenc import toy_data
-from fairseq_runs import outcome, preprocess_here, run_all
-from toy import TINY
+from helpers.fairseq_runs import outcome, preprocess_here, run_all
+from helpers.toy import TINY
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE = os.path.join(REPO, "docs", "encodings.md")
 # the tests run in the copy: the three lists the page names, and the registry walkers that run
 # in this process (the ones that start fairseq processes cost 10-20 s each: the walk the page's
 # last step asks for runs them)
-WALKED = ["tests/test_kept_keys.py", "tests/test_sequence_direction.py", "tests/test_plot_positions.py",
-          "tests/test_position_encodings.py", "tests/test_position_gradients.py", "tests/test_long_inputs.py",
-          "tests/test_kept_tables.py"]
+WALKED = ["tests/fairseq/test_kept_keys.py", "tests/unit/test_sequence_direction.py", "tests/unit/test_plot_positions.py",
+          "tests/unit/test_position_encodings.py", "tests/unit/test_position_gradients.py", "tests/unit/test_long_inputs.py",
+          "tests/unit/test_kept_tables.py"]
 UPDATES = 30
 LR = 3e-3
 
@@ -57,14 +57,14 @@ def example():
     assert len(imports) == 1 and len(entries) == 1, "the page shows one import and one registry entry"
     insertions = []
     for block in blocks:
-        head = re.match(r"# (tests/\w+\.py), in \w+, before: (.+)\n", block)
+        head = re.match(r"# (tests/[\w/]+\.py), in \w+, before: (.+)\n", block)
         if head:
             insertions.append((head.group(1), head.group(2).strip(), block[head.end():]))
     commands = [shlex.split(line) for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
                 for line in block.splitlines() if "pytest" in line]
     assert len(commands) == 1 and "-k" in commands[0], "the page's last step runs pytest -k EXPRESSION"
     return {"file": (path[2:], code), "registry": (imports[0], entries[0][0]), "name": entries[0][1],
-            "lists": re.findall(r"`(tests/\w+\.py)`: add `([^`]+)` to `(\w+)`", text), "insertions": insertions,
+            "lists": re.findall(r"`(tests/[\w/]+\.py)`: add `([^`]+)` to `(\w+)`", text), "insertions": insertions,
             "selection": commands[0][commands[0].index("-k") + 1]}
 
 

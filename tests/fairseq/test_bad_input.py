@@ -9,7 +9,7 @@ import torch
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions import POSITION_ENCODINGS
-from toy import TINY, build_model, toy_batch
+from helpers.toy import TINY, build_model, toy_batch
 
 # the encodings whose tables end at --max-*-positions, from the registry
 TABLE_BOUND = [name for name, scheme in POSITION_ENCODINGS.items() if not scheme.extrapolates]

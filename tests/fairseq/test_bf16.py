@@ -27,8 +27,8 @@ from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optim
 from fairseq.trainer import Trainer
 
 from fairseq_posenc import compat, pipeline, toy_data
-from tolerances import assert_within, float32_tolerance, transformer_terms
-from toy import build_model, model_that_saved
+from helpers.tolerances import assert_within, float32_tolerance, transformer_terms
+from helpers.toy import build_model, model_that_saved
 
 MAX_UPDATE = 3
 TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
@@ -277,7 +277,7 @@ def test_generate_with_bf16_decodes_in_bf16(trained, corpus):
     arithmetic alone. A token's log-probability moves by at most twice the largest logit error (the
     token's logit and the log-sum-exp), and each of the roundings along the chain adds at most
     2**-8 of the values it passes, the largest of which the fp32 forward records. An fp32 decode
-    stays within the fp32 tolerance (tests/test_cli_encodings.py): bf16 must leave it somewhere
+    stays within the fp32 tolerance (tests/fairseq/test_cli_encodings.py): bf16 must leave it somewhere
     and stay within the bf16 bound everywhere. Printed scores are 4 decimals (up to 5e-5 off)."""
     checkpoint = str(trained["root"] / "bf16" / "checkpoint_last.pt")
     lines = _generate(corpus["bin"], checkpoint, "--bf16")

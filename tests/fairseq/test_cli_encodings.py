@@ -8,9 +8,9 @@ import torch
 
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS
-from fairseq_runs import generate_command, outcome, run_all, train_command
-from tolerances import float32_tolerance, transformer_terms
-from toy import TINY, model_that_saved
+from helpers.fairseq_runs import generate_command, outcome, run_all, train_command
+from helpers.tolerances import float32_tolerance, transformer_terms
+from helpers.toy import TINY, model_that_saved
 
 
 TRAIN = ["--arch", "transformer_posenc", "--cpu", *TINY, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000",
@@ -22,7 +22,7 @@ TRAIN = ["--arch", "transformer_posenc", "--cpu", *TINY, "--optimizer", "adam", 
 def corpus(tmp_path_factory):
     """Every encoding's fairseq-train, its fairseq-generate (beam 4) and its fairseq-generate
     --score-reference, all through the console scripts' entry points in one process
-    (tests/fairseq_runs.py: the imports once, each run from its own command line)."""
+    (tests/helpers/fairseq_runs.py: the imports once, each run from its own command line)."""
     root = tmp_path_factory.mktemp("cli")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (600, 3, 10), "valid": (40, 3, 10),
                                                               "test": (20, 3, 14)})

@@ -18,7 +18,7 @@ to its learning rate.
 ``--ddp-backend pytorch_ddp`` (fairseq's default, torch's DistributedDataParallel) runs without
 ``--find-unused-parameters``: it fails at the second update if any parameter was left out of
 the first one's backward graph. That proves every parameter is in the graph, not that its
-gradient is non-zero; tests/test_position_gradients.py checks that. fairseq passes CUDA
+gradient is non-zero; tests/unit/test_position_gradients.py checks that. fairseq passes CUDA
 device ids to it even with ``--cpu``, which torch refuses; ``compat.ddp_on_cpu`` drops them.
 ``legacy_ddp`` (fairseq's own all-reduce) is checked too. torchrun does not work on CPU
 (fairseq derives a CUDA device from the rank), so the two processes are started by hand, as a

@@ -18,10 +18,10 @@ from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.kept import kept_result_keys
-from fairseq_runs import outcome, run_all, train_command
+from helpers.fairseq_runs import outcome, run_all, train_command
 from test_kept_keys import solution_tolerance
-from tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
-from toy import TINY, build_model, full_log_probs, toy_batch, with_strong_positions
+from helpers.tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
+from helpers.toy import TINY, build_model, full_log_probs, toy_batch, with_strong_positions
 
 ENCODINGS = list(POSITION_ENCODINGS)
 SOLVED = ("floater", "rnn")  # the encodings whose kept solution is stored in the checkpoint

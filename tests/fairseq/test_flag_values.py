@@ -3,7 +3,7 @@ names the flag: the walk over every option of every encoding's configuration wit
 refuse (of another type, out of its range, not one of its values), derived from the option's type
 and its declared values (fairseq_posenc/positions/values.py), each refused while fairseq parses its
 options; and --no-token-positional-embeddings with every encoding. All runs in one process
-(tests/fairseq_runs.py)."""
+(tests/helpers/fairseq_runs.py)."""
 import argparse
 import dataclasses
 
@@ -13,8 +13,8 @@ from fairseq_posenc.models.config import PosencConfig
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.segments import SegmentBias
 from fairseq_posenc.positions.values import declared, value_type
-from fairseq_runs import run_all, train_command
-from toy import TINY, build_model
+from helpers.fairseq_runs import run_all, train_command
+from helpers.toy import TINY, build_model
 
 TRAIN = ["--arch", "transformer_posenc", "--cpu", *TINY, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "300",
          "--max-update", "1", "--no-progress-bar", "--num-workers", "0", "--disable-validation", "--no-save"]

@@ -10,11 +10,11 @@ import torch
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions.floater_schedule import PENDING, SolveSchedule
-from fairseq_runs import outcome, run_all, train_command
-from floater_trainer import FLOW
+from helpers.fairseq_runs import outcome, run_all, train_command
+from helpers.floater_trainer import FLOW
 from fairseq_posenc.update_hooks import announce_update, finish_update
-from tolerances import EPS32, assert_within, float32_tolerance, magnitude, transformer_terms
-from toy import TINY, build_model, full_log_probs, toy_batch, toy_dictionary
+from helpers.tolerances import EPS32, assert_within, float32_tolerance, magnitude, transformer_terms
+from helpers.toy import TINY, build_model, full_log_probs, toy_batch, toy_dictionary
 
 ODE = "encoder.position_encoding.ode."
 
@@ -78,7 +78,7 @@ def test_unsupported_training_is_refused_when_the_trainer_is_built(data_bin):
     """Before the first update: when fairseq builds its Trainer (the world size is known then),
     not at the first training step. BMUF steps every worker on its own and averages the weights
     now and then; the schedule's one all-reduce per cycle has no place in it."""
-    from floater_trainer import build_trainer, config
+    from helpers.floater_trainer import build_trainer, config
 
     with pytest.raises(PosencError, match="--floater-solve-every 2 does not support --use-bmuf"):
         build_trainer(config(data_bin, "--floater-solve-every", "2", "--use-bmuf"))
@@ -403,7 +403,7 @@ def test_under_clip_norm_the_flow_update_is_one_updates_size_and_clipped_with_th
     is the mean of the three updates' (not their sum: N times one update's size, it would take
     most of the clip norm and shrink every other parameter's step); it is part of the norm fairseq
     computes and logs, and it is clipped by the same factor as every other parameter."""
-    from floater_trainer import Recorder, batches, build_trainer, config
+    from helpers.floater_trainer import Recorder, batches, build_trainer, config
 
     every = 3
     trainer = build_trainer(config(data_bin, "--floater-solve-every", str(every), "--clip-norm", "0.05"))

@@ -3,7 +3,7 @@ the same update on the next batch. With FLOATER's ``--floater-solve-every N`` th
 must leave the cycle exactly as before it: the flow update at the cycle's end is the one of the same
 training without the overflowed batch, and the run reaches its budget.
 
-Each case is a pair of runs in one fresh process (tests/overflow_runs.py): one with the loss of one
+Each case is a pair of runs in one fresh process (tests/helpers/overflow_runs.py): one with the loss of one
 training pass multiplied by inf (what a loss scale too large for a batch does), at an update that is
 not the first of its cycle and whose batch is no longer than an earlier one of the cycle (where a
 cycle's total modified in place could not be rolled back), and its twin that drops that batch
@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from fairseq_posenc import pipeline, toy_data
-from tolerances import float32_tolerance, magnitude
+from helpers.tolerances import float32_tolerance, magnitude
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
 MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
          "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4",
          "--decoder-attention-heads", "4"]
@@ -67,7 +67,7 @@ def runs(tmp_path_factory):
     spec.write_text(json.dumps(jobs))
     log = root / "runs.log"
     with open(log, "w") as f:
-        subprocess.run([sys.executable, os.path.join(HERE, "overflow_runs.py"), str(spec), str(out)],
+        subprocess.run([sys.executable, os.path.join(HELPERS, "overflow_runs.py"), str(spec), str(out)],
                        stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=root)
     if not out.exists():
         pytest.fail("the fairseq-train runs did not start:\n" + log.read_text()[-3000:])

@@ -18,9 +18,9 @@ from fairseq_posenc.models.config import as_saved
 from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.kept import kept_result_keys
-from fairseq_runs import generate_command, outcome, run_all, train_command
-from tolerances import assert_within, float32_tolerance, magnitude
-from toy import TINY, build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
+from helpers.fairseq_runs import generate_command, outcome, run_all, train_command
+from helpers.tolerances import assert_within, float32_tolerance, magnitude
+from helpers.toy import TINY, build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
 
 ENCODINGS = list(POSITION_ENCODINGS)
 SOLVED = ("floater", "rnn")

@@ -20,9 +20,9 @@ from fairseq_posenc.models.config import PosencConfig
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.segments import SegmentBias
 from fairseq_posenc.positions.values import value_type
-from fairseq_runs import outcome, run_all, train_command
-from tolerances import assert_within, magnitude
-from toy import build_model, full_log_probs, toy_batch
+from helpers.fairseq_runs import outcome, run_all, train_command
+from helpers.tolerances import assert_within, magnitude
+from helpers.toy import build_model, full_log_probs, toy_batch
 
 
 def label(*flags):

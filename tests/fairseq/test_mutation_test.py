@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from fairseq_posenc import pipeline, toy_data
-from toy import TINY
+from helpers.toy import TINY
 
 
 @pytest.fixture(scope="module")

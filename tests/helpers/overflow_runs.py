@@ -1,5 +1,5 @@
 """fairseq-train runs with an fp16 overflow injected into one update, and their twins without that
-batch: ``python tests/overflow_runs.py SPEC OUT``, every run of SPEC in this one process (fairseq's
+batch: ``python tests/helpers/overflow_runs.py SPEC OUT``, every run of SPEC in this one process (fairseq's
 console entry point ``fairseq_cli.train:cli_main``, its command line in ``sys.argv``).
 
 An overflow is what a loss scale too large for a batch does: the training loss is multiplied by

@@ -21,14 +21,14 @@ that use it say why.
 
 Usage::
 
-    from tolerances import assert_within, float32_tolerance
+    from helpers.tolerances import assert_within, float32_tolerance
 
     # q . k over a head of 64: 64 terms; its terms and partial sums stay below 16
     assert_within(got, want, float32_tolerance(terms=64, magnitude=16), "attention logits")
 
 ``assert_within`` compares with ``atol`` only (the derivation already holds the magnitude) and,
 when ``NUMERICS_LOG`` names a file, appends the largest difference and the tolerance to it, which
-``make test-numerics`` summarises (``python tests/tolerances.py LOG [how many]``).
+``make test-numerics`` summarises (``python tests/helpers/tolerances.py LOG [how many]``).
 """
 import json
 import os

@@ -7,7 +7,7 @@ import os
 import random
 import tarfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = os.path.join(REPO, "recipes")
 from fairseq_posenc.recipe.wmt_data import read_sources  # noqa: E402
 

@@ -15,8 +15,8 @@ from fairseq_posenc.labels import model_label
 from fairseq_posenc.modules import PositionalAttention
 from fairseq_posenc.positions import AttentionPositions
 from fairseq_posenc.positions.alibi import ENCODER_FORMS, ALiBi, alibi_bias, alibi_slopes
-from tolerances import assert_within, float32_tolerance, magnitude
-from toy import build_model, full_log_probs, toy_batch, with_strong_positions
+from helpers.tolerances import assert_within, float32_tolerance, magnitude
+from helpers.toy import build_model, full_log_probs, toy_batch, with_strong_positions
 
 INF = math.inf
 FORM_KEY = "encoder.position_encoding.encoder_form"
@@ -365,6 +365,7 @@ def _load(path):
     return models[0]
 
 
+@pytest.mark.slow  # fairseq-train
 def test_fairseq_loads_old_checkpoints_symmetric_and_new_ones_as_trained(checkpoints):
     root, epochs = checkpoints
     assert form_of(_load(epochs[-1])) == "split"
@@ -382,6 +383,7 @@ def _average(paths, output):
     pipeline.run([sys.executable, script, "--inputs", *map(str, paths), "--output", str(output)], f"{output}.log")
 
 
+@pytest.mark.slow  # fairseq-train
 def test_averaged_checkpoints_keep_the_stored_form_or_its_absence(checkpoints, tmp_path):
     root, epochs = checkpoints
     _average(epochs, tmp_path / "new.pt")
@@ -395,6 +397,7 @@ def test_averaged_checkpoints_keep_the_stored_form_or_its_absence(checkpoints, t
     assert form_of(_load(tmp_path / "old.pt")) == "symmetric"
 
 
+@pytest.mark.slow  # fairseq-train
 def test_the_label_comes_from_the_stored_form_not_the_saved_configuration(checkpoints, tmp_path):
     """A split run resumed after the default flipped: its saved configuration says symmetric, its
     encoder_form buffer split; the model is split, and so is its label."""
@@ -411,7 +414,7 @@ def test_the_label_comes_from_the_stored_form_not_the_saved_configuration(checkp
     assert checkpoint_label(str(_write_old(epochs[-1], tmp_path / "old.pt"))) == "alibi"
     # the workflow's label rule (recipes/rules/evaluate.smk) reads it from the checkpoint too
     os.rename(tmp_path / "rewritten.pt", tmp_path / "averaged_last1.pt")
-    root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     label = subprocess.run([sys.executable, "-m", "fairseq_posenc.labels", str(tmp_path / "averaged_last1.pt")],
                            capture_output=True, text=True, check=True, cwd=root_dir).stdout
     assert label == "alibi (split)\n"
@@ -431,6 +434,7 @@ def test_the_label_comes_from_the_stored_form_not_the_saved_configuration(checkp
     assert list(json.loads((tmp_path / "report.json").read_text())["models"]) == ["sinusoidal", "alibi (split)"]
 
 
+@pytest.mark.slow  # fairseq-train
 def test_a_checkpoint_loads_as_saved_with_a_flag_its_encoding_ignores(checkpoints, tmp_path):
     """Checkpoints written while split was the default store ``alibi_encoder: split`` whatever
     their encoding; a flag the model ignores is refused when it trains, not when it loads."""

@@ -6,10 +6,10 @@ import sys
 import pytest
 import torch
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "average_checkpoints.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "average_checkpoints.py")
 sys.path.insert(0, os.path.dirname(SCRIPT))
 import average_checkpoints  # noqa: E402
-from tolerances import assert_within, float32_tolerance, magnitude  # noqa: E402
+from helpers.tolerances import assert_within, float32_tolerance, magnitude  # noqa: E402
 
 
 def _write(path, seed, dtype=torch.float32):
@@ -85,7 +85,7 @@ def test_a_failed_write_leaves_the_previous_output_intact(tmp_path, monkeypatch)
 def test_floaters_kept_solutions_of_other_lengths_are_solved_again_for_the_average(tmp_path, encoding):
     """Validation grows the kept solution, so checkpoints of one run hold solutions of different
     lengths, each solved for its own parameters: the average drops them and solves its own."""
-    from toy import build_model
+    from helpers.toy import build_model
 
     paths = []
     for seed, length in ((1, 64), (2, 128)):

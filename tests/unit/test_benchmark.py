@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from toy import TINY
+from helpers.toy import TINY
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "benchmark.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "benchmark.py")
 
 
 @pytest.fixture(scope="module")

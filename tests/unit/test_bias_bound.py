@@ -16,7 +16,7 @@ from fairseq.optim.lr_scheduler.inverse_square_root_schedule import (
 from fairseq_posenc import bias_bound, pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions
 from fairseq_posenc.positions.bias_scale import uses_bias_scale
-from toy import ToyTask, model_args, with_strong_positions
+from helpers.toy import ToyTask, model_args, with_strong_positions
 
 SCALED = [name for name, scheme in POSITION_ENCODINGS.items() if uses_bias_scale(scheme)]
 
@@ -129,6 +129,7 @@ def three_updates(tmp_path_factory):
     return root / "checkpoints"
 
 
+@pytest.mark.slow  # fairseq-train
 def test_a_checkpoint_report_reads_the_scale_and_schedule_and_rebuilds_the_initial_model(three_updates):
     # fairseq's first update runs at --warmup-init-lr, 0: its checkpoint holds the initial
     # parameters, which the report rebuilds from the seed exactly
@@ -154,7 +155,7 @@ def test_a_checkpoint_report_reads_the_scale_and_schedule_and_rebuilds_the_initi
 
 
 def _demo_module():
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "demo.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "demo.py")
     spec = importlib.util.spec_from_file_location("demo", path)
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
@@ -202,7 +203,7 @@ def test_the_demo_passes_the_scale_only_to_the_encodings_that_take_it():
 
     from fairseq_posenc.recipe import workflow
 
-    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes", "conf")
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "recipes", "conf")
     with open(os.path.join(conf, "demo.yaml"), encoding="utf-8") as f:
         config = yaml.safe_load(f)
     config["models"]["encodings"] = list(POSITION_ENCODINGS)

@@ -8,7 +8,7 @@ import torch
 from fairseq_posenc.positions import AttentionPositions
 from fairseq_posenc.positions.diet_abs import DietAbs
 from fairseq_posenc.positions.diet_rel import DietRel
-from toy import ToyTask, build_model
+from helpers.toy import ToyTask, build_model
 
 
 def cfg(**kw):

@@ -30,7 +30,7 @@ from fairseq_posenc import pipeline, update_hooks
 from fairseq_posenc.models.config import ALL_CONFIGS
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.segments import SegmentBias
-from toy import TINY, ToyTask, full_log_probs
+from helpers.toy import TINY, ToyTask, full_log_probs
 
 SEGMENTS = "--segment-attention"
 CONTEXTS = {"alone": [], "segments": [SEGMENTS]}

@@ -7,8 +7,8 @@ import torch
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions import AttentionPositions
 from fairseq_posenc.positions.floater import Dynamics, FloaterODE
-from tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
-from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, toy_dictionary, with_strong_positions
+from helpers.tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
+from helpers.toy import build_model, full_log_probs, incremental_log_probs, toy_batch, toy_dictionary, with_strong_positions
 
 
 def floater(*flags, seed=1):

@@ -10,8 +10,8 @@ from fairseq_posenc.labels import scheme_items
 from fairseq_posenc.positions import floater_schedule
 from fairseq_posenc.positions.floater import FloaterODE, stability_limit
 from fairseq_posenc.positions.floater_solver import rk4
-from tolerances import assert_within, float32_tolerance, magnitude
-from toy import build_model, full_log_probs, toy_batch
+from helpers.tolerances import assert_within, float32_tolerance, magnitude
+from helpers.toy import build_model, full_log_probs, toy_batch
 
 DIM = 32
 

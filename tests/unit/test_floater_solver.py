@@ -10,7 +10,7 @@ from torchdiffeq import odeint
 from fairseq_posenc.positions import floater_solver
 from fairseq_posenc.positions.floater import FloaterODE
 from fairseq_posenc.positions.floater_solver import _RK4, _RK4Hidden, rk4
-from tolerances import assert_within, float32_tolerance, magnitude
+from helpers.tolerances import assert_within, float32_tolerance, magnitude
 
 H = ("fc1.weight", "fc1.bias", "time1", "fc2.weight", "fc2.bias", "time2")
 
@@ -55,7 +55,7 @@ def _steps(ode, start: int, end: int) -> int:
 
 def solve_terms(ode, steps: int, gradient: bool) -> int:
     """The terms summed along the way from h's weights and y0 to a result of a solve of ``steps``
-    rk4 steps, counted as tests/tolerances.py counts them (each term at most EPS32 of the values
+    rk4 steps, counted as tests/helpers/tolerances.py counts them (each term at most EPS32 of the values
     it passes through, errors adding at most linearly):
 
     - forward, each evaluation of h (4 a step) adds its result into what the solve carries along

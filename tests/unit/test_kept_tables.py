@@ -12,7 +12,7 @@ import torch
 from fairseq.optim.adam import Adam
 
 from fairseq_posenc.positions import POSITION_ENCODINGS
-from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
+from helpers.toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
 
 ENCODINGS = list(POSITION_ENCODINGS)
 U32 = 2.0**-24  # float32 unit roundoff

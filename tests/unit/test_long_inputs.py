@@ -5,7 +5,7 @@ While decoding, ``PositionEncoding.table`` keeps a table and doubles it when a l
 (64 -> 128 -> 256): step-by-step decoding of 150 tokens must give what one full forward gives on
 a copy of the model that builds its table once, at the full length. The encodings are those
 that extrapolate, taken from the registry; the table-bound ones stop at --max-*-positions
-(tests/test_bad_input.py)."""
+(tests/fairseq/test_bad_input.py)."""
 import copy
 
 import pytest
@@ -13,8 +13,8 @@ import torch
 
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.base import MIN_TABLE
-from tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
-from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
+from helpers.tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
+from helpers.toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
 
 EXTRAPOLATING = [name for name, scheme in POSITION_ENCODINGS.items() if scheme.extrapolates]
 STEPS = 150  # past MIN_TABLE twice: the kept tables grow 64 -> 128 -> 256
@@ -77,7 +77,7 @@ def _cpu_supports(dtype):
 
 # The whole network runs in half precision (fairseq takes the log-softmax in float32): bfloat16
 # keeps 8 bits of mantissa, float16 11. Step-by-step decoding computes one row at a time, so its
-# rounding differs from a full forward's. Counted as in tests/tolerances.py, some 70 roundings of
+# rounding differs from a full forward's. Counted as in tests/helpers/tolerances.py, some 70 roundings of
 # half precision in a row bound the log-probabilities to no better than +-5 in bfloat16, which
 # would pass anything. So both are held to the same model in float64 (the same half-precision
 # parameter values, exactly; its log-probabilities exact to 3e-5, as fairseq's log-softmax is

@@ -17,9 +17,9 @@ from torchdiffeq import odeint
 from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions, PositionEncoding
 from fairseq_posenc.positions.alibi import ALiBi
 from fairseq_posenc.positions.floater import FloaterODE
-from tolerances import assert_within, float32_tolerance, magnitude
-from floater_trainer import FLOW
-from toy import build_model, toy_batch, with_strong_positions
+from helpers.tolerances import assert_within, float32_tolerance, magnitude
+from helpers.floater_trainer import FLOW
+from helpers.toy import build_model, toy_batch, with_strong_positions
 
 
 def _rounded_to(model, dtype):
@@ -50,7 +50,7 @@ def test_every_encoding_trains_in_half_precision_with_finite_losses(encoding, dt
     assert math.isfinite(loss.item())
     # the whole network runs in half precision (8 or 11 bits of mantissa), not only the positions:
     # a check that half-precision training is close, 2% of the loss (not derived: counted as in
-    # tests/tolerances.py, ~70 roundings of bfloat16 in a row would allow +-50%)
+    # tests/helpers/tolerances.py, ~70 roundings of bfloat16 in a row would allow +-50%)
     assert_within(loss.detach(), exact.detach(), 2e-2 * abs(exact.item()), "loss")
     grads = {name: p.grad for name, p in half.named_parameters()}
     assert all(torch.isfinite(g).all() for g in grads.values() if g is not None)
@@ -173,7 +173,7 @@ def test_torchdiffeqs_solvers_stay_in_float32_under_autocast(solver, adjoint):
 
 
 # --- FLOATER's --floater-solve-every under fairseq's half-precision optimizers -------------------
-# Through fairseq's own Trainer in this process (tests/floater_trainer.py): --fp16 (FP16Optimizer,
+# Through fairseq's own Trainer in this process (tests/helpers/floater_trainer.py): --fp16 (FP16Optimizer,
 # fp32 master weights, loss scaling), --memory-efficient-fp16 (Adam on the fp16 weights, loss
 # scaling), --bf16 / --memory-efficient-bf16 (the same two, no loss scaler), --amp (fp32 weights,
 # torch's GradScaler: on a machine without CUDA fairseq's scaler is disabled, so the test gives it
@@ -210,7 +210,7 @@ def test_floaters_flow_update_in_half_precision_is_the_float32_one(toy_bin, prec
     and where the optimizer holds half-precision gradients (memory-efficient) two roundings to that
     format (half a unit in the last place each: 2**-11 fp16, 2**-8 bf16, relative) and, fp16 only,
     its subnormal spacing 2**-24 (the gradient is unscaled in fp16)."""
-    from floater_trainer import Recorder, batches, build_trainer, config
+    from helpers.floater_trainer import Recorder, batches, build_trainer, config
 
     every, passes = 3, 2
     trainer = build_trainer(config(toy_bin, "--floater-solve-every", str(every), *precision.split()))
@@ -257,7 +257,7 @@ def test_floaters_schedule_asks_for_unflattened_fp16_gradients(toy_bin):
     """fairseq's default --fp16 optimizer keeps one flat fp32 tensor with one gradient for all
     weights (and needs CUDA): h's part would be zeros between flow updates and Adam would move it.
     The schedule sets --fp16-no-flatten-grads before the optimizer is built, and says so."""
-    from floater_trainer import build_trainer, config
+    from helpers.floater_trainer import build_trainer, config
 
     cfg = config(toy_bin, "--floater-solve-every", "2", "--fp16")
     assert not cfg.common.fp16_no_flatten_grads

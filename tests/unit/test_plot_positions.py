@@ -13,11 +13,11 @@ from fairseq_posenc.positions.diet_abs import DietAbs
 from fairseq_posenc.positions.diet_rel import DietRel
 from fairseq_posenc.positions.rope import RotaryPositionEncoding, rope_angles
 from fairseq_posenc.positions.t5 import T5Bias, relative_position_bucket
-from forward_terms import biases_in_a_forward, floater_state, solved_positions
-from tolerances import assert_within, float32_tolerance, magnitude
-from toy import build_model, toy_batch, with_strong_positions
+from helpers.forward_terms import biases_in_a_forward, floater_state, solved_positions
+from helpers.tolerances import assert_within, float32_tolerance, magnitude
+from helpers.toy import build_model, toy_batch, with_strong_positions
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
 sys.path.insert(0, SCRIPTS)
 import average_checkpoints  # noqa: E402
 import plot_positions  # noqa: E402
@@ -209,6 +209,7 @@ def trained(tmp_path_factory):
     return {"save_dir": save_dir, "averaged": averaged, "longest": longest, "root": root}
 
 
+@pytest.mark.slow  # fairseq-train
 def test_the_checkpoint_records_the_longest_training_input(trained):
     for path in (trained["save_dir"] / "checkpoint1.pt", trained["save_dir"] / "checkpoint2.pt", trained["averaged"]):
         state = torch.load(path, map_location="cpu", weights_only=False)["model"]
@@ -218,6 +219,7 @@ def test_the_checkpoint_records_the_longest_training_input(trained):
             == trained["longest"] == {"encoder": 9, "decoder": 9}, path
 
 
+@pytest.mark.slow  # fairseq-train
 def test_an_averaged_checkpoint_plots_its_own_tables_marked_at_the_longest_input(trained, capsys):
     model, _ = plot_positions.load_model(trained["averaged"])
     arrays = plot_positions.position_arrays(model, N)
@@ -231,6 +233,7 @@ def test_an_averaged_checkpoint_plots_its_own_tables_marked_at_the_longest_input
            in capsys.readouterr().err
 
 
+@pytest.mark.slow  # fairseq-train
 def test_a_checkpoint_from_before_the_record_loads_and_says_so(trained, tmp_path):
     state = torch.load(trained["save_dir"] / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     state["model"] = {k: v for k, v in state["model"].items() if not k.endswith("longest_trained")}

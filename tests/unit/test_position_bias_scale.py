@@ -16,8 +16,8 @@ from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.models.from_flags import model_args
 from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions
 from fairseq_posenc.positions.bias_scale import uses_bias_scale
-from tolerances import EPS32, assert_within, float32_tolerance, magnitude, transformer_terms
-from toy import TINY, ToyTask, build_model, full_log_probs, toy_batch
+from helpers.tolerances import EPS32, assert_within, float32_tolerance, magnitude, transformer_terms
+from helpers.toy import TINY, ToyTask, build_model, full_log_probs, toy_batch
 
 SCALED = [name for name, scheme in POSITION_ENCODINGS.items() if uses_bias_scale(scheme)]
 SEGMENTS = "segment_attention"  # sinusoidal with --segment-attention: its scalars are the bias
@@ -89,7 +89,7 @@ def test_the_model_at_step_0_does_not_depend_on_the_scale(case):
     # to float32 for either S, the draw times it for either S, the product by S): within
     # 2.5 eps |bias|. Such a change is less than one more term in the logit it is added to, so
     # the log-probabilities differ by at most the chain's terms x eps x magnitude
-    # (tests/tolerances.py; measured 1.4e-6 against about 4e-3). Leaving w at init, not init / S,
+    # (tests/helpers/tolerances.py; measured 1.4e-6 against about 4e-3). Leaving w at init, not init / S,
     # moves them by 0.22 (t5) to 1.6 (diet_abs); the segment scalars start at 0 either way.
     assert_within(got, expected, float32_tolerance(transformer_terms(base, 23, 20), magnitude(expected, floor=1)),
                   "log-probabilities")
@@ -202,9 +202,10 @@ def data_bin(tmp_path_factory):
     return pipeline.preprocess(prefixes, str(root / "bin"))
 
 
+@pytest.mark.slow  # fairseq-train
 def test_fairseq_train_refuses_the_flag_where_it_changes_nothing_in_one_line_before_any_update(data_bin, tmp_path):
     """alibi, shaw, learned and rope trained unchanged with it (a sweep over S gave identical
-    runs); now fairseq-train stops at the model build. tests/test_flags_change_the_model.py covers
+    runs); now fairseq-train stops at the model build. tests/unit/test_flags_change_the_model.py covers
     every flag with every encoding in process."""
     save_dir = tmp_path / "run"
     proc = subprocess.run([pipeline.executable("fairseq-train"), data_bin, "--user-dir", pipeline.USER_DIR,

@@ -11,8 +11,8 @@ import torch
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.models import from_flags
-from tolerances import assert_within, encoder_terms, float32_tolerance, magnitude, transformer_terms
-from toy import TINY, ToyTask, build_model, full_log_probs, incremental_log_probs, model_that_saved, toy_batch, \
+from helpers.tolerances import assert_within, encoder_terms, float32_tolerance, magnitude, transformer_terms
+from helpers.toy import TINY, ToyTask, build_model, full_log_probs, incremental_log_probs, model_that_saved, toy_batch, \
     with_strong_positions
 
 THREE_LAYERS = ["--encoder-layers", "3", "--decoder-layers", "3"]
@@ -243,6 +243,7 @@ def corpus(tmp_path_factory):
     return prefixes, pipeline.preprocess(prefixes, str(root / "data" / "data-bin"))
 
 
+@pytest.mark.fast_run  # the inner loop's one fairseq-train run (make test-fast)
 def test_sinusoidal_at_every_block_through_fairseq_train_and_generate(corpus, tmp_path):
     """The flag reaches the checkpoint, and fairseq-generate's beam search (step by step) scores
     each hypothesis as a full forward of the reloaded every-block model does."""

@@ -7,8 +7,8 @@ from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_posenc.positions import POSITION_ENCODINGS, get_position_encoding
-from tolerances import assert_within, encoder_terms, float32_tolerance, magnitude, transformer_terms
-from toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
+from helpers.tolerances import assert_within, encoder_terms, float32_tolerance, magnitude, transformer_terms
+from helpers.toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
 
 # Derived from the registry and the schemes' own attributes, so that a new encoding (one file,
 # one registry line) is covered by every property below without touching this file.
@@ -34,7 +34,7 @@ def test_the_papers_encodings_are_registered_with_what_they_can_do():
 
 
 def log_prob_tolerance(model, expected, source_len, target_len):
-    """Two float32 evaluations of the model's log-probabilities (tests/tolerances.py)."""
+    """Two float32 evaluations of the model's log-probabilities (tests/helpers/tolerances.py)."""
     return float32_tolerance(transformer_terms(model, source_len, target_len), magnitude(expected, floor=1))
 
 

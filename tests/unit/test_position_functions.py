@@ -9,8 +9,8 @@ from fairseq_posenc.positions.base import AttentionPositions
 from fairseq_posenc.positions.rope import rope_angles, rotate_half, rotation_rows
 from fairseq_posenc.positions.segments import segment_ids
 from fairseq_posenc.positions.t5 import relative_position_bucket
-from tolerances import assert_within, float32_tolerance, magnitude
-from toy import build_model
+from helpers.tolerances import assert_within, float32_tolerance, magnitude
+from helpers.toy import build_model
 
 
 def test_t5_buckets_bidirectional_by_hand():

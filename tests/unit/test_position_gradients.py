@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fairseq_posenc.positions import POSITION_ENCODINGS
-from toy import build_model, full_log_probs, toy_batch
+from helpers.toy import build_model, full_log_probs, toy_batch
 
 STEPS = 3
 
@@ -59,7 +59,7 @@ def test_every_position_parameter_learns_from_the_default_initialisation(encodin
 
 
 def test_the_segment_bias_learns_on_multi_segment_input():
-    from toy import ToyTask
+    from helpers.toy import ToyTask
 
     task = ToyTask()
     task.source_dictionary.add_symbol("<sep>")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from toy import build_model
+from helpers.toy import build_model
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts"))
 import plot_positions  # noqa: E402
 
 DIM = 32  # the toy models' attention width

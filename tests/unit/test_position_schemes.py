@@ -11,8 +11,8 @@ from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions
 from fairseq_posenc.positions.diet_abs import DietAbs
 from fairseq_posenc.positions.diet_rel import DietRel
 from fairseq_posenc.positions.shaw import ShawRelative
-from tolerances import assert_within, encoder_terms, float32_tolerance, magnitude, transformer_terms
-from toy import ToyTask, build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
+from helpers.tolerances import assert_within, encoder_terms, float32_tolerance, magnitude, transformer_terms
+from helpers.toy import ToyTask, build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
 
 
 def cfg(**kw):

@@ -11,10 +11,10 @@ from fairseq.data import Dictionary
 
 from fairseq_posenc import pipeline, toy_data
 from fairseq_posenc.positions.rnn import RNNPositions
-from fairseq_runs import preprocess_here
-from forward_terms import biases_in_a_forward, floater_state, solved_positions
-from tolerances import assert_within, float32_tolerance, float64_tolerance, magnitude
-from toy import TINY, build_model, full_log_probs, incremental_log_probs, toy_batch, toy_dictionary, with_strong_positions
+from helpers.fairseq_runs import preprocess_here
+from helpers.forward_terms import biases_in_a_forward, floater_state, solved_positions
+from helpers.tolerances import assert_within, float32_tolerance, float64_tolerance, magnitude
+from helpers.toy import TINY, build_model, full_log_probs, incremental_log_probs, toy_batch, toy_dictionary, with_strong_positions
 
 # (--rnn-layers, --rnn-input): Table 6's three forms
 FORMS = [(1, "scalar"), (2, "scalar"), (1, "vector")]
@@ -211,6 +211,7 @@ def test_warm_start_is_exactly_the_vanilla_model_and_then_learns_every_weight(tm
         assert p.grad.abs().max() > 0 and (p.detach() - start[name]).abs().max() > 1e-4, name
 
 
+@pytest.mark.slow  # fairseq-train
 def test_a_warm_started_two_layer_vector_rnn_trains_and_decodes_through_fairseqs_cli(tmp_path):
     prefixes = toy_data.write_toy_corpus(str(tmp_path / "raw"), {"train": (300, 3, 10), "valid": (20, 3, 10),
                                                                  "test": (20, 3, 14)})

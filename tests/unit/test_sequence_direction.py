@@ -10,7 +10,7 @@ import torch
 
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.alibi import ENCODER_FORMS
-from toy import TINY, build_model, toy_batch, with_strong_positions
+from helpers.toy import TINY, build_model, toy_batch, with_strong_positions
 
 LENGTH = 12  # tokens, end-of-sentence included: a sentence of the demo's training range
 

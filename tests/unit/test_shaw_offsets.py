@@ -10,7 +10,7 @@ import torch
 from fairseq_posenc.modules import PositionalAttention
 from fairseq_posenc.positions import AttentionPositions
 from fairseq_posenc.positions.shaw import ShawRelative
-from tolerances import assert_within, float32_tolerance, float64_tolerance, magnitude
+from helpers.tolerances import assert_within, float32_tolerance, float64_tolerance, magnitude
 
 
 def shaw(k, heads=2, head_dim=4, layers=2):

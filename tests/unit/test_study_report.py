@@ -16,7 +16,7 @@ from fairseq_posenc.study_report import (SENTENCES_AND_SEEDS, SENTENCES_ONLY, bu
                                          decoding_limit_note, decoding_limit_ok, first_cut_length, markdown,
                                          paired_bootstrap, read_decoding_limit, with_seed_variance, write_report)
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
 VOCAB = [f"w{i}" for i in range(200)]
 
 
@@ -236,7 +236,7 @@ def test_an_aa_test_of_one_models_seeds_stars_at_about_the_nominal_5_percent():
     sentences, in independent trials (each its own seeds, from a seeded generator). A seed's word
     error rate is 0.3 + a normal deviation (its systematic effect); the words it replaces are its
     seed-by-sentence interaction. (The rate of * to within [2.5%, 8%] needs about 1000 trials a
-    setting: tests/test_seed_interval.py, on a synthetic metric. Here, with BLEU, its bounds and
+    setting: tests/unit/test_seed_interval.py, on a synthetic metric. Here, with BLEU, its bounds and
     the standard error's calibration.)
 
     1. Spread 0.02 (BLEU moves 3.2 between seeds; the test set's noise is about 2), 120 trials:

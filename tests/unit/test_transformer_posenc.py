@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
-from toy import build_model, full_log_probs, incremental_log_probs, toy_batch
+from helpers.tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
+from helpers.toy import build_model, full_log_probs, incremental_log_probs, toy_batch
 
 
 def _pair(*flags, dropout="0.0"):

@@ -1,5 +1,5 @@
 """fairseq_posenc/update_hooks.py's calls for a loop of one's own (scripts/benchmark.py): which
-modules they reach, with what. (Through fairseq's trainer: tests/test_floater_schedule.py.)"""
+modules they reach, with what. (Through fairseq's trainer: tests/fairseq/test_floater_schedule.py.)"""
 import torch
 
 from fairseq_posenc.update_hooks import announce_update, finish_update

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(REPO, "scripts", "demo.py")
 SNAKEFILE = os.path.join(REPO, "recipes", "Snakefile")
 DEMO_CONFIG = os.path.join(REPO, "recipes", "conf", "demo.yaml")

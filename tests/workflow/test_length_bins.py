@@ -1,4 +1,4 @@
-"""The short-to-long split (scripts/length_split.py); the per-bin report is tests/test_study_report.py."""
+"""The short-to-long split (scripts/length_split.py); the per-bin report is tests/unit/test_study_report.py."""
 import json
 import os
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 
 from fairseq_posenc.length_bins import make_bins, split_by_length
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
 
 
 def _corpus(tmp_path, lengths):

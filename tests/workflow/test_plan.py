@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_posenc", "recipe", "plan.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fairseq_posenc", "recipe", "plan.py")
 from fairseq_posenc.recipe import plan as train_plan  # noqa: E402
 
 

@@ -14,10 +14,10 @@ import sys
 import pytest
 
 from fairseq_posenc import pipeline, toy_data
-from tolerances import float32_tolerance
-from toy import TINY
+from helpers.tolerances import float32_tolerance
+from helpers.toy import TINY
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RERANK = os.path.join(REPO, "fairseq_posenc", "recipe", "rerank.py")
 from fairseq_posenc.recipe import rerank as rerank_lenpen  # noqa: E402
 from fairseq_posenc.recipe.rerank import length_penalty  # noqa: E402

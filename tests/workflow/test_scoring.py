@@ -6,7 +6,7 @@ import os
 import pytest
 from sacrebleu.metrics import BLEU
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fairseq_posenc.recipe import scoring as score_translation  # noqa: E402
 
 # one Moses-tokenized (aggressive: "@-@") pair with two compounds, one of them half wrong

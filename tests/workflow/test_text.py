@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_posenc", "recipe", "text.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fairseq_posenc", "recipe", "text.py")
 
 
 def _run(*args, stdin: bytes = b""):

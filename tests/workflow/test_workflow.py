@@ -1,4 +1,4 @@
-"""recipes/Snakefile with the stub fairseq-train of tests/stubs on the demo's toy corpus (no GPU,
+"""recipes/Snakefile with the stub fairseq-train of tests/helpers/stubs on the demo's toy corpus (no GPU,
 no download): what Snakemake retrains, and what the training jobs record, refuse and share.
 
 Each test copies one prepared toy corpus and runs the workflow's training targets in a fresh
@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STUBS = os.path.join(REPO, "tests", "stubs")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STUBS = os.path.join(REPO, "tests", "helpers", "stubs")
 SNAKEMAKE = os.path.join(os.path.dirname(sys.executable), "snakemake")
 SNAKEFILE = os.path.join(REPO, "recipes", "Snakefile")
 DEMO = os.path.join(REPO, "recipes", "conf", "demo.yaml")
@@ -429,7 +429,7 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
         os.makedirs(tmp_path / name)
         studies = [os.path.join(conf, f + ".yaml") for f in files[1:]]
         if name == "files":
-            from toy_archives import write_plain_pairs
+            from helpers.toy_archives import write_plain_pairs
 
             for part, count in (("train", 300), ("test", 20)):
                 write_plain_pairs(str(tmp_path / name / part), count, "de", "en")

@@ -3,7 +3,7 @@ as a user runs it: its plan's sizes counted from the files, the short-to-long sp
 and two named test sets, each decoded, scored and reported apart, with fairseq itself (tiny models,
 a few CPU updates: what is tested is the workflow, not the models). Then what an edit of the split's
 script redoes, and a second study on the same corpus directory. (The dry runs of the shipped
-files.yaml and iwslt14_cpu.yaml are tests/test_workflow.py's, with every shipped configuration.)"""
+files.yaml and iwslt14_cpu.yaml are tests/workflow/test_workflow.py's, with every shipped configuration.)"""
 import json
 import os
 import re
@@ -16,7 +16,7 @@ import yaml
 from fairseq_posenc.recipe.corpus import files_data_dir
 from test_workflow import REPO, ok
 from test_workflow_code import checkout, edit
-from toy_archives import write_plain_pairs
+from helpers.toy_archives import write_plain_pairs
 
 BIN = os.path.dirname(sys.executable)
 

@@ -1,5 +1,5 @@
 """The workflow on miniature corpora, offline: archives with the official names and member paths
-(tests/toy_archives.py) in corpus.archives, downloading nothing. WMT14 En-De's rules (extract,
+(tests/helpers/toy_archives.py) in corpus.archives, downloading nothing. WMT14 En-De's rules (extract,
 tokenize, segment, binarize) as fairseq's prepare-wmt14en2de.sh makes the corpus, an edit of the
 sources file preparing it again; IWSLT'14's as prepare-iwslt14.sh; and on the prepared WMT corpus
 a short-to-long study with fairseq-train itself (tiny models, a few CPU updates), a teacher and a
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from test_workflow import REPO, ok, snakemake
-from toy_archives import IWSLT_TEST_SIZES, PAIRS, write_archives, write_iwslt_archive
+from helpers.toy_archives import IWSLT_TEST_SIZES, PAIRS, write_archives, write_iwslt_archive
 
 SOURCES = os.path.join(REPO, "recipes", "wmt14_en_de", "sources")
 WMT = {"out": "study", "corpus": {"name": "wmt14_en_de", "pair": None, "data": "data", "sources": "sources",

@@ -1,5 +1,5 @@
 """The workflow under recipes/profiles/slurm, with stand-ins for SLURM's commands on PATH
-(tests/stubs/slurm: sbatch records what it is asked and submits nothing): a big FLOATER model of
+(tests/helpers/stubs/slurm: sbatch records what it is asked and submits nothing): a big FLOATER model of
 2 nodes x 8 GPUs is one SLURM job, one task a node, whose shell starts fairseq-train with srun."""
 import json
 import re
@@ -13,7 +13,7 @@ import test_workflow as wf
 from test_workflow import corpus, work  # noqa: F401  (fixtures: the toy corpus, a copy of it)
 
 PROFILE = os.path.join(wf.REPO, "recipes", "profiles", "slurm")
-SLURM = os.path.join(wf.REPO, "tests", "stubs", "slurm")
+SLURM = os.path.join(wf.REPO, "tests", "helpers", "stubs", "slurm")
 BIG_2X8 = {"models": {"arch": "big", "encodings": ["floater"]},
            "train": {"recipe": "scaling_nmt", "device": "gpu", "nodes": 2, "gpus_per_node": 8, "max_update": 6,
                      "max_tokens": "auto"},
@@ -79,7 +79,7 @@ def test_a_big_floater_on_2_nodes_of_8_gpus_is_one_slurm_job_of_one_task_a_node(
 def test_downloads_and_extraction_run_on_the_submitting_host_under_the_profile(tmp_path):
     """Compute nodes often have no internet: under the profile the archives are checked and
     extracted where Snakemake runs; the tokenizer is the first SLURM job."""
-    from toy_archives import write_archives
+    from helpers.toy_archives import write_archives
 
     work = str(tmp_path)
     write_archives("wmt14_en_de", os.path.join(work, "archives"), "en", "de")

@@ -19,8 +19,8 @@ from fairseq_posenc.criterions.relation_distillation import (
     student_widths,
 )
 from fairseq_posenc.models import from_flags
-from tolerances import assert_within, float32_tolerance
-from toy import TINY, model_args
+from helpers.tolerances import assert_within, float32_tolerance
+from helpers.toy import TINY, model_args
 
 TEACHER = TINY  # 2 + 2 layers, d=32, 4 heads
 STUDENT = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
