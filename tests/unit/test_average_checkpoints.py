@@ -58,6 +58,7 @@ def test_update_checkpoints_and_upper_bound(tmp_path):
     assert [os.path.basename(p) for p in paths] == ["checkpoint_1_300.pt", "checkpoint_1_200.pt"]
 
 
+@pytest.mark.slow  # a Python process
 def test_too_few_checkpoints_is_a_clear_error(tmp_path):
     _write(tmp_path / "checkpoint1.pt", seed=1)
     proc = subprocess.run([sys.executable, SCRIPT, "--inputs", str(tmp_path), "--num-epoch-checkpoints", "5",

@@ -9,6 +9,8 @@ import torch
 
 from helpers.toy import TINY
 
+pytestmark = pytest.mark.slow  # scripts/benchmark.py's fairseq task, built once: about 35 s
+
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "benchmark.py")
 
 

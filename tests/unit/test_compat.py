@@ -137,6 +137,7 @@ if sys.argv[1] == "plugin":
 """
 
 
+@pytest.mark.slow  # a Python process
 @pytest.mark.parametrize("imported, alive", [("none", True), ("plugin", False)])
 def test_the_process_group_fairseq_leaves_alive_is_destroyed_at_exit(imported, alive):
     """fairseq-train returns with its process group alive, and gloo's threads torn down at exit

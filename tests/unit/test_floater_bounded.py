@@ -58,6 +58,7 @@ def _unstable(ode, a=1.0):
         ode.initial.copy_(torch.rand(ode.initial.shape, generator=g) - 0.5)
 
 
+@pytest.mark.slow  # about 10 s each
 @pytest.mark.parametrize("weights", ["linear", "random"])
 @pytest.mark.parametrize("dissipation", [0.5, 2.0])
 @torch.no_grad()

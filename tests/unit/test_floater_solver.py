@@ -292,6 +292,7 @@ def test_fast_rk4_without_gradients_equals_the_solution_with_them(form):
     torch.testing.assert_close(ode._solve(ode.initial, 0, 30).detach(), kept, atol=0, rtol=0)
 
 
+@pytest.mark.slow  # about 10 s each
 @pytest.mark.numerics
 @pytest.mark.parametrize("form", HIDDEN)
 @torch.no_grad()

@@ -148,6 +148,7 @@ def test_floaters_ode_is_solved_in_float32_in_a_bfloat16_model():
     assert error > 3 * neighbours
 
 
+@pytest.mark.slow  # about 10 s
 @pytest.mark.numerics
 @pytest.mark.parametrize("solver, adjoint", [("midpoint", False), ("dopri5", False), ("rk4", True)])
 def test_torchdiffeqs_solvers_stay_in_float32_under_autocast(solver, adjoint):
@@ -193,6 +194,7 @@ def toy_bin(tmp_path_factory):
     return pipeline.preprocess(prefixes, str(root / "bin"))
 
 
+@pytest.mark.slow  # fairseq's Trainer on a preprocessed corpus
 @pytest.mark.numerics
 @pytest.mark.parametrize("precision", HALF)
 def test_floaters_flow_update_in_half_precision_is_the_float32_one(toy_bin, precision, monkeypatch):

@@ -99,6 +99,7 @@ def _check_against_the_model(model, arrays, n=N):
     assert checked == set(expected), f"tables not plotted: {sorted(set(expected) - checked)}"
 
 
+@pytest.mark.slow  # matplotlib, 10-50 s each
 @pytest.mark.parametrize("encoding", list(POSITION_ENCODINGS))
 def test_the_plotted_arrays_are_the_models_own_tables(encoding, tmp_path):
     model = with_strong_positions(build_model("transformer_posenc", "--position-encoding", encoding))
@@ -109,6 +110,7 @@ def test_the_plotted_arrays_are_the_models_own_tables(encoding, tmp_path):
     assert (panels == 0) == (encoding == "none") == (not arrays)
 
 
+@pytest.mark.slow  # about 10 s each
 @pytest.mark.parametrize("encoding", ["floater", "rnn"])
 def test_floater_and_rnn_plot_the_solution_of_their_equations(encoding):
     """Each plotted q, k, v bias is p_i of its block's state, solved here from the equations (a

@@ -128,6 +128,7 @@ def test_norm_curve_is_each_panels_norm_by_position():
     assert list(x) == [-1, 0, 1] and np.allclose(norms, [5.0, 0.0, 1.0])
 
 
+@pytest.mark.slow  # matplotlib
 def test_plot_draws_a_log_scale_norm_curve_beside_each_heatmap(tmp_path, monkeypatch):
     import matplotlib
 

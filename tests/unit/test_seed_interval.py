@@ -27,6 +27,8 @@ import pytest
 
 from fairseq_posenc.study_report import N_BOOTSTRAP, resample_counts, shared_bootstrap_variance, with_seed_variance
 
+pytestmark = pytest.mark.slow  # simulations of about 12 s each
+
 N = 100  # sentences
 SD_SENTENCE, SD_MODEL_SENTENCE, SD_INTERACTION = 20.0, 5.0, 15.0  # per sentence
 TRIALS = 1000

@@ -231,6 +231,7 @@ def _se2(test):
     return test["bootstrap_sd"] ** 2 + test["seed_se"] ** 2
 
 
+@pytest.mark.slow  # a simulation
 def test_an_aa_test_of_one_models_seeds_stars_at_about_the_nominal_5_percent():
     """A/A with BLEU, end to end: 3 seeds of a model against 3 more of the same model, on 80
     sentences, in independent trials (each its own seeds, from a seeded generator). A seed's word
@@ -410,6 +411,7 @@ def _generate_output(path, refs, hyps, limit=None):
     return str(path)
 
 
+@pytest.mark.slow  # a Python process
 def test_bleu_by_length_takes_one_generation_per_seed_and_a_baseline(tmp_path):
     refs = _corpus(100)
     files = {f"{m}{s}": _generate_output(tmp_path / f"{m}{s}.txt", refs, _corrupt(refs, p, s), limit=(1, 50))
@@ -500,6 +502,7 @@ def _bleu_by_length_script():
     return script
 
 
+@pytest.mark.slow  # a Python process
 def test_two_concatenated_generate_outputs_are_refused_and_joined_by_plus_every_sentence_counts(tmp_path, capsys):
     """Two test sets decoded apart count their ids from 0 each: their outputs concatenated into one
     file are refused (naming the file and the first id seen twice), given as FILE+FILE they are
