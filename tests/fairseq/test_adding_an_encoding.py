@@ -159,7 +159,7 @@ def test_the_example_passes_the_tests_that_walk_the_registry(copy, steps):
     assert {t.split("::")[0] for t in ran} == {f[:-3].replace("/", ".") for f in WALKED}, sorted(ran)
     failed = {t: v for t, v in outcomes.items() if v in ("failure", "error")}
     assert not failed, stdout[-4000:]
-    assert outcomes["tests.test_kept_keys::test_the_encodings_that_keep_something_are_found"] == "passed"
+    assert outcomes["tests.fairseq.test_kept_keys::test_the_encodings_that_keep_something_are_found"] == "passed"
 
 
 def _scores(stdout):
