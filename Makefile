@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install test test-numerics demo benchmark clean
+.PHONY: install test test-fast test-numerics demo benchmark clean
 
 install: $(STAMP)
 
@@ -31,12 +31,19 @@ test: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VENV)/bin/pytest \
 		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
+# The inner loop (a few minutes on two cores): the plugin's unit tests (tests/unit, less the ones
+# marked slow) and one fairseq-train run (marked fast_run); tests/conftest.py marks every test
+# outside tests/unit slow. `make test` (and CI) still runs everything.
+test-fast: install
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VENV)/bin/pytest -m "not slow" \
+		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+
 # The float comparisons (tests marked numerics) under each vector kernel set torch can pick on
 # this CPU (default always; avx2 and avx512 where /proc/cpuinfo lists them: ATen's avx512 kernels
 # need avx512f, bw, dq and vl) and with 1 and 2 threads, each combination in turn, then the
 # comparisons closest to their tolerances. A tolerance that holds for one summation order only
 # fails here, not on the next machine. NUMERICS_LOG=file appends every comparison's difference
-# and tolerance to file and keeps it (json lines; `python tests/tolerances.py file` summarises).
+# and tolerance to file and keeps it (json lines; `python tests/helpers/tolerances.py file` summarises).
 NUMERICS_FLAGS := $(shell cat /proc/cpuinfo 2>/dev/null | grep -m1 '^flags')
 NUMERICS_CAPABILITIES := default \
 	$(if $(filter avx2,$(NUMERICS_FLAGS)),avx2) \
@@ -53,7 +60,7 @@ test-numerics: install
 			|| { status=1; echo "== FAILED: ATEN_CPU_CAPABILITY=$$capability OMP_NUM_THREADS=$$threads"; }; \
 	done; done; \
 	echo "== the 20 comparisons closest to their tolerances, over all combinations"; \
-	$(PY) tests/tolerances.py $$log 20; [ -n "$$NUMERICS_LOG" ] || rm -f $$log; exit $$status
+	$(PY) tests/helpers/tolerances.py $$log 20; [ -n "$$NUMERICS_LOG" ] || rm -f $$log; exit $$status
 
 demo: install
 	$(PY) scripts/demo.py $(DEMO_ARGS)

@@ -312,7 +312,7 @@ def ema_averages_parameters():
     (``positions.kept.kept_result_keys``) are neither averaged nor copied: the EMA model keeps its
     own, solved for its own parameters when it is saved. Both state dicts of a step are read
     inside ``kept.not_saving()``, so that no kept result is recomputed for them at every update.
-    Tested in tests/test_ema.py (fairseq-train with --store-ema, every encoding)."""
+    Tested in tests/fairseq/test_ema.py (fairseq-train with --store-ema, every encoding)."""
     from fairseq.models.ema.ema import EMA
 
     original = EMA._step_internal

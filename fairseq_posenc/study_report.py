@@ -194,7 +194,7 @@ def with_seed_variance(test: Dict, system_scores: Sequence[float], baseline_scor
     mean of the seeds' own bootstrap variances), the interaction a second time. The earlier
     interval added it; in a simulated A/A test with no systematic seed spread, its standard
     error was about sqrt(2) too large and it starred about 1% at a nominal 5%, with power lost
-    (tests/test_seed_interval.py). A negative estimate (noise, where the shared part is about
+    (tests/unit/test_seed_interval.py). A negative estimate (noise, where the shared part is about
     0) counts as 0.
 
     The interval is d +- t * se, se^2 = shared + s_sys^2 / k_sys + s_base^2 / k_base, t from
@@ -205,7 +205,7 @@ def with_seed_variance(test: Dict, system_scores: Sequence[float], baseline_scor
 
     Why not sentences only: seeds of one model then come out "significant" against each other
     whenever the spread between training runs exceeds the test set's noise (simulated A/A
-    tests, tests/test_study_report.py). Why not resample the seeds as well as the sentences (a
+    tests, tests/unit/test_study_report.py). Why not resample the seeds as well as the sentences (a
     two-level bootstrap): a resample of k seeds out of k underestimates their variance by
     (k - 1) / k and has no small-sample correction; with 2 or 3 seeds a side it starred about
     twice the nominal rate of A/A trials in an earlier simulation. The two terms are reported

@@ -41,50 +41,50 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 P = "fairseq_posenc/positions/"
 
-ENCODINGS = ["tests/test_position_encodings.py"]  # every registered encoding, its shared properties
-FUNCTIONS = ["tests/test_position_functions.py"]  # the bias functions against their papers' formulas
-SCHEMES = ["tests/test_position_schemes.py"]  # each scheme's equations, sharing, DIET's segment attention
-DIET = ["tests/test_diet_init.py"]  # DIET's initialisation, smallest distance, default segment count
-BLOCKS = ["tests/test_position_blocks.py"]  # --position-blocks all (learned, sinusoidal)
+ENCODINGS = ["tests/unit/test_position_encodings.py"]  # every registered encoding, its shared properties
+FUNCTIONS = ["tests/unit/test_position_functions.py"]  # the bias functions against their papers' formulas
+SCHEMES = ["tests/unit/test_position_schemes.py"]  # each scheme's equations, sharing, DIET's segment attention
+DIET = ["tests/unit/test_diet_init.py"]  # DIET's initialisation, smallest distance, default segment count
+BLOCKS = ["tests/unit/test_position_blocks.py"]  # --position-blocks all (learned, sinusoidal)
 #: file -> the tests that cover it (fast ones first: pytest -x stops at the first failure). Seconds
 #: for each test file alone, one thread, on a loaded 2-core machine (rough): functions 5, schemes 5,
 #: encodings 8, diet_init 7-11, stage_launches 7, kept_tables 16, floater 23, floater_bounded 28,
 #: alibi_encoder 42, position_blocks 44, rnn_positions 51, floater_schedule 78, train_config 240
 TARGETS = {
     P + "__init__.py": ENCODINGS,
-    P + "alibi.py": FUNCTIONS + ENCODINGS + ["tests/test_alibi_encoder.py"],
-    P + "base.py": FUNCTIONS + SCHEMES + ENCODINGS + ["tests/test_kept_tables.py"],
-    P + "bias_scale.py": ["tests/test_labels.py", "tests/test_position_bias_scale.py"],
+    P + "alibi.py": FUNCTIONS + ENCODINGS + ["tests/unit/test_alibi_encoder.py"],
+    P + "base.py": FUNCTIONS + SCHEMES + ENCODINGS + ["tests/unit/test_kept_tables.py"],
+    P + "bias_scale.py": ["tests/fairseq/test_labels.py", "tests/unit/test_position_bias_scale.py"],
     P + "diet_abs.py": DIET + SCHEMES + ENCODINGS,
     P + "diet_rel.py": DIET + SCHEMES + ENCODINGS,
-    P + "floater/config.py": ["tests/test_floater_bounded.py", "tests/test_floater.py"],
-    P + "floater/dynamics.py": ["tests/test_floater.py", "tests/test_floater_bounded.py"],
-    P + "floater/encoding.py": ["tests/test_floater.py", "tests/test_floater_bounded.py", "tests/test_plot_positions.py"],
-    P + "floater/loading.py": ["tests/test_floater.py", "tests/test_floater_schedule.py"],
-    P + "floater/loops.py": ["tests/test_floater_solver.py", "tests/test_floater_bounded.py"],
-    P + "floater/ode.py": ["tests/test_floater.py", "tests/test_floater_bounded.py", "tests/test_plot_positions.py"],
-    P + "floater/schedule.py": ["tests/test_floater_schedule.py", "tests/test_fp16_overflow.py"],
-    P + "floater/solver.py": ["tests/test_floater_solver.py", "tests/test_floater_bounded.py",
-                              "tests/test_plot_positions.py"],
-    P + "floater/update.py": ["tests/test_floater.py"],
-    P + "kept.py": ["tests/test_kept_tables.py"],
+    P + "floater/config.py": ["tests/unit/test_floater_bounded.py", "tests/unit/test_floater.py"],
+    P + "floater/dynamics.py": ["tests/unit/test_floater.py", "tests/unit/test_floater_bounded.py"],
+    P + "floater/encoding.py": ["tests/unit/test_floater.py", "tests/unit/test_floater_bounded.py", "tests/unit/test_plot_positions.py"],
+    P + "floater/loading.py": ["tests/unit/test_floater.py", "tests/fairseq/test_floater_schedule.py"],
+    P + "floater/loops.py": ["tests/unit/test_floater_solver.py", "tests/unit/test_floater_bounded.py"],
+    P + "floater/ode.py": ["tests/unit/test_floater.py", "tests/unit/test_floater_bounded.py", "tests/unit/test_plot_positions.py"],
+    P + "floater/schedule.py": ["tests/fairseq/test_floater_schedule.py", "tests/fairseq/test_fp16_overflow.py"],
+    P + "floater/solver.py": ["tests/unit/test_floater_solver.py", "tests/unit/test_floater_bounded.py",
+                              "tests/unit/test_plot_positions.py"],
+    P + "floater/update.py": ["tests/unit/test_floater.py"],
+    P + "kept.py": ["tests/unit/test_kept_tables.py"],
     P + "learned.py": ENCODINGS + BLOCKS,
     P + "none.py": ENCODINGS,
-    P + "rnn.py": ["tests/test_rnn_positions.py"],
+    P + "rnn.py": ["tests/unit/test_rnn_positions.py"],
     P + "rope.py": FUNCTIONS + ENCODINGS,
     P + "segments.py": FUNCTIONS + DIET + SCHEMES,
     P + "sharing.py": SCHEMES + DIET,
-    P + "shaw.py": ["tests/test_shaw_offsets.py"] + SCHEMES + ENCODINGS,
+    P + "shaw.py": ["tests/unit/test_shaw_offsets.py"] + SCHEMES + ENCODINGS,
     P + "sinusoidal.py": ENCODINGS + BLOCKS,
     P + "t5.py": FUNCTIONS + ENCODINGS,
-    "fairseq_posenc/update_hooks.py": ["tests/test_update_hooks.py", "tests/test_kept_tables.py",
-                                       "tests/test_floater_schedule.py"],
-    "fairseq_posenc/study_report.py": ["tests/test_seed_interval.py", "tests/test_study_report.py"],
-    "fairseq_posenc/labels.py": ["tests/test_labels.py"],
-    "recipes/posenc_workflow/train_config.py": ["tests/test_train_config.py"],
+    "fairseq_posenc/update_hooks.py": ["tests/unit/test_update_hooks.py", "tests/unit/test_kept_tables.py",
+                                       "tests/fairseq/test_floater_schedule.py"],
+    "fairseq_posenc/study_report.py": ["tests/unit/test_seed_interval.py", "tests/unit/test_study_report.py"],
+    "fairseq_posenc/labels.py": ["tests/fairseq/test_labels.py"],
+    "recipes/posenc_workflow/train_config.py": ["tests/workflow/test_train_config.py"],
 }
 #: tests that check the build, not the code (the copy has no C++ loops on purpose)
-DESELECT = ["tests/test_floater_solver.py::test_the_c_plus_plus_loops_are_built_where_a_compiler_is_found"]
+DESELECT = ["tests/unit/test_floater_solver.py::test_the_c_plus_plus_loops_are_built_where_a_compiler_is_found"]
 
 #: cosmic-ray's operators used (a regex each; the others are not run): the kinds of change the
 #: position code is sensitive to, without its bit and floor-division variants

@@ -29,7 +29,7 @@ IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 def guards_rows_without_keys(q: Tensor) -> bool:
     """Whether SDPA's rows with no visible key are zeroed by hand: on CUDA, where a kernel has
-    given NaN for them; torch's CPU kernels give 0 themselves (tests/test_alibi_encoder.py)."""
+    given NaN for them; torch's CPU kernels give 0 themselves (tests/unit/test_alibi_encoder.py)."""
     return q.is_cuda
 
 

@@ -22,7 +22,7 @@ about it; ``--alibi-encoder`` chooses the form:
   middle head is symmetric; with one head crossed is symmetric and is refused.
 
 ``split`` and ``crossed`` tell left from right, symmetric does not (but by the end token):
-``tests/test_sequence_direction.py`` measures it for every encoding. The default is the
+``tests/unit/test_sequence_direction.py`` measures it for every encoding. The default is the
 published form: a row called "alibi" is the ALiBi the literature means, and reports name the
 others (``alibi (split)``, :meth:`ALiBi.form`). docs/encodings.md compares the forms.
 

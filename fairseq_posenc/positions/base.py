@@ -211,7 +211,7 @@ class PositionEncoding(ForgetsKeptOnCopy, nn.Module):
         overrides it, ``attention_bias`` and ``value_term`` in self-attention only (attention adds
         them there alone), ``value_term`` where the scheme needs the attention weights. A scheme
         whose ``transform_qkv`` acts in one role only narrows it here
-        (tests/test_position_schemes.py checks every registered scheme's answer against what its
+        (tests/unit/test_position_schemes.py checks every registered scheme's answer against what its
         hooks do)."""
         overridden = getattr(type(self), hook) is not getattr(PositionEncoding, hook)
         if hook == "transform_qkv":

@@ -94,7 +94,7 @@ class RNNPositions(FloaterODE):
         """A solve per pass, not FLOATER's one per update: the recurrence costs one matmul per
         position and layer (FLOATER's rk4 twenty), and per-pass gradients add up as every other
         encoding's do, so that two DDP ranks train bit for bit as one process with --update-freq 2
-        (tests/test_distributed.py; one backward of the summed gradients rounds differently)."""
+        (tests/fairseq/test_distributed.py; one backward of the summed gradients rounds differently)."""
 
     def inputs(self, start: int, end: int, device, dtype) -> Tensor:
         """z_i for i in start .. end - 1: (end - start, 1 or d)."""

@@ -2,7 +2,7 @@
 dataclass (``field(metadata={"values": Values(...)})``) and checked in one place, :func:`check`,
 before the model is built (``transformer_posenc``'s ``build_model``) and when a scheme is built by
 hand; each refusal is one line (:class:`~..compat.PosencError`). A switch takes no value, and a
-``ChoiceEnum`` option's values are its type's. tests/test_flag_values.py walks every option of
+``ChoiceEnum`` option's values are its type's. tests/fairseq/test_flag_values.py walks every option of
 every encoding's configuration with values it must refuse, through fairseq-train.
 """
 import dataclasses

@@ -209,7 +209,7 @@ def dictionary_size(data_bin: str, src: str) -> int:
 
 # Disk. The preparation keeps about 7-9x the extracted text: raw/, tok/, split/, bpe/ (a segmented
 # copy), the cleaned train/valid/test and train.tok.* beside them, and data-bin/ (measured on
-# tests/toy_archives.py's miniature archives, 3,600 pairs: 7.1x with subword-nmt merging every word
+# tests/helpers/toy_archives.py's miniature archives, 3,600 pairs: 7.1x with subword-nmt merging every word
 # whole, 9.1x with 60 merges splitting most; real 40k-merge BPE lies between); 9.2 leaves a margin.
 PREPARED_PER_RAW = 9.2
 # the extracted text of a recipe's pair per byte of the archives it reads (estimated from the

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The reference of a study's configuration keys, generated from recipes/conf/schema.yaml, as
-recipes/README.md holds it between its ``reference`` markers (tests/test_recipes_readme.py keeps
+recipes/README.md holds it between its ``reference`` markers (tests/docs/test_recipes_readme.py keeps
 the two equal).
 
     python recipes/posenc_workflow/schema_doc.py             # print it

@@ -3,7 +3,7 @@ of the study's jobs (fairseq-train's and fairseq-generate's arguments, the prepa
 the params Snakemake runs a job again for), or reaches no model and no job on purpose
 (:data:`NO_JOB`, each with its reason), or is refused in one line by :func:`check` where the
 study's recipe, corpus or device would not use it and the user gave it a value other than its
-default. tests/test_settings_walk.py walks every field of the schema for every recipe and corpus.
+default. tests/workflow/test_settings_walk.py walks every field of the schema for every recipe and corpus.
 """
 import functools
 import json

@@ -5,7 +5,7 @@ The hash covers ``convert_namespace_to_omegaconf(args)`` of the job's argument l
 defaults applied, interpolations such as ``lr_scheduler.max_update`` filled), every field but
 those of :data:`LEFT_OUT`, each left out with its reason; the batch layout enters as the tokens
 per update it gives. :data:`KEYED` names the rest of the training parser's options, so that
-``tests/test_train_config.py`` can tell an option fairseq or the plugin adds later from one that
+``tests/workflow/test_train_config.py`` can tell an option fairseq or the plugin adds later from one that
 was weighed: the two lists together must equal the parser's options.
 
 A left-out field is named by its option (``log_interval``: in whatever section fairseq keeps it)

@@ -207,7 +207,7 @@ class _RK4Hidden(torch.autograd.Function):
     (states x dim x hidden). y itself is y0 + (the weighted sum of the relu(p)'s) W2 + the b2
     terms, computed with one matmul at the end for the positions read. The steps are those of
     torchdiffeq's rk4 in exact arithmetic; in float32 the sums are associated differently
-    (``tests/test_floater_solver.py``: the same solution and gradients to float32 rounding, a bound
+    (``tests/unit/test_floater_solver.py``: the same solution and gradients to float32 rounding, a bound
     derived from the terms each result sums).
     """
 

@@ -1,0 +1,64 @@
+"""The plugin package (fairseq_posenc: what --user-dir loads and what a user of the plugin imports)
+imports nothing of the workflow (recipes/posenc_workflow) nor any other Python of the checkout
+(scripts/, tests/), counting the imports made inside functions; the workflow's package and scripts
+import the plugin and the workflow by their installed names, never through sys.path edits."""
+import ast
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLUGIN = os.path.join(REPO, "fairseq_posenc")
+WORKFLOW = os.path.join(REPO, "recipes", "posenc_workflow")
+
+
+def modules(folder):
+    for directory, subdirs, files in os.walk(folder):
+        subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+        yield from (os.path.join(directory, f) for f in sorted(files) if f.endswith(".py"))
+
+
+def imported(path):
+    """Every module name ``path`` imports (``from . import x`` resolved against its package), at
+    module level or inside a function."""
+    package = os.path.relpath(os.path.dirname(path), REPO).split(os.sep)
+    names = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), filename=path)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            names += [module] + [f"{module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def other_python_of_the_checkout():
+    """The top-level names the checkout's Python outside the plugin would be imported by: the
+    workflow's package, the scripts, the tests' modules."""
+    names = {"posenc_workflow"}
+    for folder in ("scripts", "tests"):
+        names |= {f[:-3] for f in os.listdir(os.path.join(REPO, folder)) if f.endswith(".py")}
+    return names
+
+
+@pytest.mark.parametrize("path", list(modules(PLUGIN)), ids=lambda p: os.path.relpath(p, REPO))
+def test_the_plugin_imports_nothing_of_the_workflow(path):
+    outside = other_python_of_the_checkout()
+    wrong = sorted({name for name in imported(path) if name.split(".")[0] in outside})
+    assert not wrong, f"{os.path.relpath(path, REPO)} imports {wrong}: the plugin must not import the workflow"
+
+
+def test_the_walk_sees_imports_inside_functions():
+    # row_names.py, the workflow's, reads train_config inside a function: the walk finds it
+    assert "posenc_workflow.train_config" in imported(os.path.join(WORKFLOW, "row_names.py"))
+    assert "fairseq_posenc.models.config" in imported(os.path.join(PLUGIN, "labels.py"))
+
+
+@pytest.mark.parametrize("path", [*modules(PLUGIN), *modules(WORKFLOW), *modules(os.path.join(REPO, "scripts")),
+                                  os.path.join(REPO, "recipes", "Snakefile")], ids=lambda p: os.path.relpath(p, REPO))
+def test_no_sys_path_edit_imports_the_packages(path):
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    assert "sys.path.insert" not in source and "sys.path.append" not in source, (
+        f"{os.path.relpath(path, REPO)} edits sys.path: import the packages by their installed names")
