@@ -13,7 +13,6 @@ against the tests/ folder and its flags against its --help.
 Launchers and shell built-ins that run another command (srun, cd, export, ...) are skipped by name.
 """
 import functools
-import glob
 import os
 import re
 import shlex
@@ -24,9 +23,8 @@ import pytest
 from fairseq import options
 
 import fairseq_posenc  # noqa: F401  (registers the plugin's models, criterions and flags)
+from helpers.doc_commands import DOCS, REPO, code_blocks, simple_commands
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOCS = ["README.md", "recipes/README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md"))
 FAIRSEQ_PARSERS = {
     "fairseq-train": lambda: options.get_training_parser(),
     "fairseq-generate": lambda: options.get_generation_parser(),
@@ -44,12 +42,6 @@ ENVIRONMENT = {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY",
 PLACEHOLDER = re.compile(r"^(\.\.\.|…|\$.*|<.*>)$")
 
 
-def _code_blocks(text):
-    for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
-        if match.group(1) in ("bash", "sh", "shell"):
-            yield match.group(2)
-
-
 def _inline_commands(text):
     text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
     for span in re.findall(r"`([^`\n]+)`", text):
@@ -58,39 +50,16 @@ def _inline_commands(text):
             yield span
 
 
-def _split(line):
-    """shlex tokens of one logical line, cut into simple commands at ; && || | and ( ).
-    ``$(which X)`` and ``$(command -v X)`` stand for X."""
-    line = re.sub(r"\$\((?:which|command -v) ([\w-]+)\)", r"\1", line)
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
-    lexer.whitespace_split = True
-    lexer.commenters = "#"
-    command = []
-    try:
-        tokens = list(lexer)
-    except ValueError:  # an unbalanced quote in a prose span: nothing to check
-        return
-    for token in tokens:
-        if token and set(token) <= set(";&|()"):
-            if command:
-                yield command
-            command = []
-        else:
-            command.append(token)
-    if command:
-        yield command
-
-
 def doc_commands():
     """(file, tokens) of every command the docs show."""
     found = []
     for doc in DOCS:
         text = open(os.path.join(REPO, doc), encoding="utf-8").read()
-        for block in _code_blocks(text):
+        for block in code_blocks(text):
             for line in block.replace("\\\n", " ").splitlines():
-                found += [(doc, tokens) for tokens in _split(line)]
+                found += [(doc, tokens) for tokens in simple_commands(line)]
         for span in _inline_commands(text):
-            found += [(doc, tokens) for tokens in _split(span)]
+            found += [(doc, tokens) for tokens in simple_commands(span)]
     return found
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from posenc_workflow import workflow as wf
-from test_docs import DOCS, REPO, _code_blocks, _split
+from helpers.doc_commands import DOCS, REPO, code_blocks, simple_commands
 
 PAPERS = "docs/papers.md"
 CONF = os.path.join(REPO, "recipes", "conf")
@@ -26,9 +26,9 @@ def recipe_commands(doc):
     """(entry point, study files, --config items) of every recipe command in ``doc``."""
     found = []
     text = open(os.path.join(REPO, doc), encoding="utf-8").read()
-    for block in _code_blocks(text):
+    for block in code_blocks(text):
         for line in block.replace("\\\n", " ").splitlines():
-            for tokens in _split(line):
+            for tokens in simple_commands(line):
                 if len(tokens) >= 2 and tokens[0] == "bash" and tokens[1].startswith("recipes/") \
                         and tokens[1].endswith("/run.sh"):
                     rest = tokens[2:]

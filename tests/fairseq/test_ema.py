@@ -19,8 +19,7 @@ from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.kept import kept_result_keys
 from helpers.fairseq_runs import outcome, run_all, train_command
-from test_kept_keys import solution_tolerance
-from helpers.tolerances import assert_within, float32_tolerance, magnitude, transformer_terms
+from helpers.tolerances import assert_within, float32_tolerance, magnitude, solution_tolerance, transformer_terms
 from helpers.toy import TINY, build_model, full_log_probs, toy_batch, with_strong_positions
 
 ENCODINGS = list(POSITION_ENCODINGS)

@@ -18,7 +18,7 @@ from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.kept import kept_result_keys
 from helpers.fairseq_runs import generate_command, outcome, run_all, train_command
-from helpers.tolerances import assert_within, float32_tolerance, magnitude
+from helpers.tolerances import assert_within, solution_tolerance
 from helpers.toy import TINY, build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
 
 ENCODINGS = list(POSITION_ENCODINGS)
@@ -61,20 +61,6 @@ def _key(holder):
 
 def _current_key(holder):
     return holder._kept_key() if hasattr(holder, "_solved_from") else holder.kept_key()
-
-
-def solution_tolerance(ode, positions: int, expected) -> float:
-    """float32_tolerance for a solution over ``positions`` computed twice by the same code (in a
-    fairseq process and in the test), counted as test_floater_solver.solve_terms counts: each
-    evaluation of the step adds its rounding to the state carried along the positions (rk4: 4
-    evaluations a step and dt / step steps a position; the RNN: each layer once a position), and
-    within one evaluation a value passes through dot products over the width (h: two layers)."""
-    if hasattr(ode, "layers"):  # the RNN
-        carried, within = positions * len(ode.layers), len(ode.layers) * (ode.initial.size(1) + 1)
-    else:
-        carried = 4 * round(ode.dt / ode.step) * positions
-        within = ode.dynamics.fc1.in_features + ode.dynamics.fc1.out_features
-    return float32_tolerance(carried + within, magnitude(expected))
 
 
 def _without_kept(model, state):

@@ -134,5 +134,19 @@ def summarise(log, top=None):
         print(f"{difference:11.3e} {tolerance:11.3e} {ratio:7.4f}  {test}" + (f" [{what}]" if what else ""))
 
 
+def solution_tolerance(ode, positions: int, expected) -> float:
+    """float32_tolerance for a solution over ``positions`` computed twice by the same code (in a
+    fairseq process and in the test), counted as test_floater_solver.solve_terms counts: each
+    evaluation of the step adds its rounding to the state carried along the positions (rk4: 4
+    evaluations a step and dt / step steps a position; the RNN: each layer once a position), and
+    within one evaluation a value passes through dot products over the width (h: two layers)."""
+    if hasattr(ode, "layers"):  # the RNN
+        carried, within = positions * len(ode.layers), len(ode.layers) * (ode.initial.size(1) + 1)
+    else:
+        carried = 4 * round(ode.dt / ode.step) * positions
+        within = ode.dynamics.fc1.in_features + ode.dynamics.fc1.out_features
+    return float32_tolerance(carried + within, magnitude(expected))
+
+
 if __name__ == "__main__":
     summarise(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -62,3 +62,13 @@ def test_no_sys_path_edit_imports_the_packages(path):
         source = f.read()
     assert "sys.path.insert" not in source and "sys.path.append" not in source, (
         f"{os.path.relpath(path, REPO)} edits sys.path: import the packages by their installed names")
+
+
+def test_no_test_module_imports_another():
+    """What test modules share is a helper (tests/helpers) or a fixture (a conftest.py): a test module
+    imported by another would run its tests' module-level code, and pytest collects each once."""
+    tests = os.path.join(REPO, "tests")
+    test_modules = {os.path.basename(p)[:-3] for p in modules(tests) if os.path.basename(p).startswith("test_")}
+    wrong = {os.path.relpath(path, REPO): sorted({name.split(".")[0] for name in imported(path)} & test_modules)
+             for path in modules(tests)}
+    assert not {path: names for path, names in wrong.items() if names}

@@ -77,7 +77,7 @@ def test_the_download_timeout_is_the_flags_not_the_environments(tmp_path, monkey
             wmt_data.main(fetch + extra)
     assert seen == [60, 7]
     # the workflow's fetch rule passes corpus.download_timeout
-    from test_workflow import shipped
+    from helpers.snakemake_runs import shipped
 
     from posenc_workflow import workflow
     from posenc_workflow.corpus import Corpus

@@ -6,7 +6,6 @@ Snakemake process, as a user would (recipes/run.sh's options)."""
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -14,79 +13,7 @@ import pytest
 import torch
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STUBS = os.path.join(REPO, "tests", "helpers", "stubs")
-SNAKEMAKE = os.path.join(os.path.dirname(sys.executable), "snakemake")
-SNAKEFILE = os.path.join(REPO, "recipes", "Snakefile")
-DEMO = os.path.join(REPO, "recipes", "conf", "demo.yaml")
-
-# the demo's corpus, smaller; the stub trains
-STUDY = {"out": "study", "corpus": {"data": "corpus", "toy": {"train_size": 300, "test_size": 20}},
-         "models": {"encodings": ["sinusoidal"]}, "train": {"max_update": 6}}
-
-
-def snakemake(workdir, study, *args, env=None, timeout=300, stub=True, snakefile=SNAKEFILE):
-    """Snakemake on the demo's configuration updated with ``study``, in ``workdir``; with the stub
-    fairseq-train unless ``stub`` is False."""
-    with open(os.path.join(workdir, "study.yaml"), "w") as f:
-        yaml.safe_dump(study, f)
-    path = f"{STUBS + ':' if stub else ''}{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
-    return subprocess.run([SNAKEMAKE, "-s", snakefile, "--configfile", DEMO, "study.yaml", "-c1", "--rerun-incomplete",
-                           *args], cwd=workdir, capture_output=True, text=True, timeout=timeout, start_new_session=True,
-                          env={**os.environ, "PATH": path, "STUB_LOG": os.path.join(workdir, "calls.jsonl"),
-                               "OMP_NUM_THREADS": "1", **(env or {})})
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stdout[-3000:] + "\n---\n" + proc.stderr[-5000:]
-    return proc.stdout + proc.stderr
-
-
-def calls(workdir):
-    path = os.path.join(workdir, "calls.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f]
-
-
-def record(workdir, name, seed=1):
-    with open(os.path.join(workdir, "study", "models", name, f"seed{seed}", "trained.json")) as f:
-        return json.load(f)
-
-
-def target(name, seed=1):
-    return f"study/models/{name}/seed{seed}/trained.json"
-
-
-def updates(checkpoint):
-    return torch.load(checkpoint, weights_only=False)["optimizer_history"][-1]["num_updates"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """The toy corpus, prepared once by the workflow's own rule."""
-    base = tmp_path_factory.mktemp("corpus")
-    ok(snakemake(str(base), STUDY, "corpus/data-bin"))
-    return str(base / "corpus")
-
-
-@pytest.fixture
-def work(corpus, tmp_path):
-    shutil.copytree(corpus, tmp_path / "corpus")
-    # the copy is as old as the original: nothing upstream looks newer than the corpus
-    return str(tmp_path)
-
-
-def study(**changes):
-    out = json.loads(json.dumps(STUDY))
-    for key, value in changes.items():
-        section, _, field = key.partition("__")
-        if field:
-            out.setdefault(section, {})[field] = value
-        else:
-            out[section] = value
-    return out
+from helpers.snakemake_runs import DEMO, REPO, STUBS, STUDY, calls, ok, record, shipped, snakemake, study, target, updates
 
 
 def test_a_changed_setting_retrains_and_the_dry_run_names_the_flag_with_its_old_and_new_value(work):
@@ -349,19 +276,6 @@ def test_the_schemas_choices_are_the_ones_the_workflow_knows():
     assert set(props["models"]["properties"]["arch"]["enum"]) == archs
     assert set(props["distillation"]["properties"]["arch"]["enum"]) == archs
     assert set(props["train"]["properties"]["precision"]["enum"]) == set(wf_module.PRECISION_FLAGS)
-
-
-def shipped(*names, **sections):
-    """The validated configuration of recipes/conf's files ``names`` (in order), then ``sections``."""
-    from snakemake.utils import update_config, validate
-
-    config = {}
-    for name in names:
-        with open(os.path.join(REPO, "recipes", "conf", f"{name}.yaml")) as f:
-            update_config(config, yaml.safe_load(f))
-    update_config(config, json.loads(json.dumps(sections)))
-    validate(config, os.path.join(REPO, "recipes", "conf", "schema.yaml"))
-    return config
 
 
 def test_distilled_students_are_base_width_whatever_the_teachers_arch():

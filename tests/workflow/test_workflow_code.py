@@ -4,31 +4,13 @@ it, read from the source whatever the process imported; each rule's inputs hold 
 scripts run (recipes/posenc_workflow/sources.py). Edits are made in a copy of the checkout."""
 import os
 import re
-import shutil
 import subprocess
 import sys
 
-import pytest
-
-import test_workflow as wf
+from helpers import snakemake_runs as wf
+from helpers.snakemake_runs import checkout, edit
 from posenc_workflow import workflow
 from posenc_workflow.sources import sources
-from test_workflow import corpus, work  # noqa: F401  (fixtures: the toy corpus, a copy of it)
-
-
-def checkout(tmp_path):
-    """A copy of the checkout's code: the package (the C++ extension's build included), the
-    scripts and the recipes."""
-    root = tmp_path / "checkout"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for name in ("fairseq_posenc", "scripts", "recipes"):
-        shutil.copytree(os.path.join(wf.REPO, name), root / name, ignore=ignore)
-    return root
-
-
-def edit(path):
-    with open(path, "a", encoding="utf-8") as f:
-        f.write("\n# edited\n")
 
 
 def test_the_code_key_is_the_same_with_or_without_the_preflight():

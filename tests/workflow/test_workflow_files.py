@@ -7,15 +7,13 @@ files.yaml and iwslt14_cpu.yaml are tests/workflow/test_workflow.py's, with ever
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import yaml
 
 from posenc_workflow.corpus import files_data_dir
-from test_workflow import REPO, ok
-from test_workflow_code import checkout, edit
+from helpers.snakemake_runs import REPO, checkout, edit, ok
 from helpers.toy_archives import write_plain_pairs
 
 BIN = os.path.dirname(sys.executable)

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from test_workflow import REPO, ok, snakemake
+from helpers.snakemake_runs import REPO, ok, snakemake
 from helpers.toy_archives import IWSLT_TEST_SIZES, PAIRS, write_archives, write_iwslt_archive
 
 SOURCES = os.path.join(REPO, "recipes", "wmt14_en_de", "sources")

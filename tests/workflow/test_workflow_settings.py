@@ -3,7 +3,7 @@ configuration the schema refuses (one line per error, no schema), and a study of
 run here on a machine without a GPU (its dry run plans it)."""
 import os
 
-from test_workflow import STUDY, calls, ok, snakemake, study, target
+from helpers.snakemake_runs import STUDY, calls, ok, snakemake, study, target
 
 # no GPU here, whatever the machine has: CUDA_VISIBLE_DEVICES empty, as recipes/run.sh counts them
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}

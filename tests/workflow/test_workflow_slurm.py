@@ -2,15 +2,15 @@
 (tests/helpers/stubs/slurm: sbatch records what it is asked and submits nothing): a big FLOATER model of
 2 nodes x 8 GPUs is one SLURM job, one task a node, whose shell starts fairseq-train with srun."""
 import json
-import re
 import os
 import signal
 import subprocess
 import sys
 import time
 
-import test_workflow as wf
-from test_workflow import corpus, work  # noqa: F401  (fixtures: the toy corpus, a copy of it)
+import yaml
+
+from helpers import snakemake_runs as wf
 
 PROFILE = os.path.join(wf.REPO, "recipes", "profiles", "slurm")
 SLURM = os.path.join(wf.REPO, "tests", "helpers", "stubs", "slurm")
@@ -33,7 +33,7 @@ def submit(work, config, target, env):
     """Snakemake with the profile until the first sbatch (the stub records it), then stopped:
     what it printed."""
     with open(os.path.join(work, "study.yaml"), "w") as f:
-        wf.yaml.safe_dump(config, f)
+        yaml.safe_dump(config, f)
     proc = subprocess.Popen([wf.SNAKEMAKE, "-s", wf.SNAKEFILE, "--configfile", wf.DEMO, "study.yaml", "--profile", PROFILE,
                              target], cwd=work, env={**os.environ, **env}, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
