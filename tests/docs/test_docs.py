@@ -23,7 +23,7 @@ import pytest
 from fairseq import options
 
 import fairseq_posenc  # noqa: F401  (registers the plugin's models, criterions and flags)
-from helpers.doc_commands import DOCS, REPO, code_blocks, simple_commands
+from helpers.doc_commands import DOCS, REPO, block_commands, simple_commands
 
 FAIRSEQ_PARSERS = {
     "fairseq-train": lambda: options.get_training_parser(),
@@ -55,9 +55,7 @@ def doc_commands():
     found = []
     for doc in DOCS:
         text = open(os.path.join(REPO, doc), encoding="utf-8").read()
-        for block in code_blocks(text):
-            for line in block.replace("\\\n", " ").splitlines():
-                found += [(doc, tokens) for tokens in simple_commands(line)]
+        found += [(doc, tokens) for tokens in block_commands(text)]
         for span in _inline_commands(text):
             found += [(doc, tokens) for tokens in simple_commands(span)]
     return found

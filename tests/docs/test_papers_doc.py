@@ -16,7 +16,7 @@ import yaml
 
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from posenc_workflow import workflow as wf
-from helpers.doc_commands import DOCS, REPO, code_blocks, simple_commands
+from helpers.doc_commands import DOCS, REPO, block_commands
 
 PAPERS = "docs/papers.md"
 CONF = os.path.join(REPO, "recipes", "conf")
@@ -26,22 +26,20 @@ def recipe_commands(doc):
     """(entry point, study files, --config items) of every recipe command in ``doc``."""
     found = []
     text = open(os.path.join(REPO, doc), encoding="utf-8").read()
-    for block in code_blocks(text):
-        for line in block.replace("\\\n", " ").splitlines():
-            for tokens in simple_commands(line):
-                if len(tokens) >= 2 and tokens[0] == "bash" and tokens[1].startswith("recipes/") \
-                        and tokens[1].endswith("/run.sh"):
-                    rest = tokens[2:]
-                    files = []
-                    while rest and rest[0].endswith(".yaml"):
-                        files.append(rest.pop(0))
-                    items = []
-                    if "--config" in rest:
-                        for item in rest[rest.index("--config") + 1:]:
-                            if item.startswith("-"):
-                                break
-                            items.append(item)
-                    found.append((tokens[1], tuple(files), tuple(items)))
+    for tokens in block_commands(text):
+        if len(tokens) >= 2 and tokens[0] == "bash" and tokens[1].startswith("recipes/") \
+                and tokens[1].endswith("/run.sh"):
+            rest = tokens[2:]
+            files = []
+            while rest and rest[0].endswith(".yaml"):
+                files.append(rest.pop(0))
+            items = []
+            if "--config" in rest:
+                for item in rest[rest.index("--config") + 1:]:
+                    if item.startswith("-"):
+                        break
+                    items.append(item)
+            found.append((tokens[1], tuple(files), tuple(items)))
     return found
 
 

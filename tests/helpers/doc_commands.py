@@ -1,5 +1,5 @@
 """The commands the docs show, as tests/docs reads them: README.md, recipes/README.md and
-docs/*.md, their ```bash blocks, and a line cut into simple commands."""
+docs/*.md, the simple commands of their ```bash blocks and of any one line."""
 import glob
 import os
 import re
@@ -9,11 +9,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DOCS = ["README.md", "recipes/README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md"))
 
 
-def code_blocks(text):
-    """The text of each ```bash (sh, shell) block."""
+def block_commands(text):
+    """The simple commands (shlex tokens) of every ```bash (sh, shell) block of ``text``, its
+    continuation lines joined."""
     for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
         if match.group(1) in ("bash", "sh", "shell"):
-            yield match.group(2)
+            for line in match.group(2).replace("\\\n", " ").splitlines():
+                yield from simple_commands(line)
 
 
 def simple_commands(line):

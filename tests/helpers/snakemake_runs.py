@@ -86,7 +86,6 @@ def shipped(*names, **sections):
     return config
 
 
-
 def checkout(tmp_path):
     """A copy of the checkout's code: the package (the C++ extension's build included), the
     scripts and the recipes."""

@@ -13,7 +13,7 @@ import yaml
 from helpers import snakemake_runs as wf
 
 PROFILE = os.path.join(wf.REPO, "recipes", "profiles", "slurm")
-SLURM = os.path.join(wf.REPO, "tests", "helpers", "stubs", "slurm")
+SLURM = os.path.join(wf.STUBS, "slurm")
 BIG_2X8 = {"models": {"arch": "big", "encodings": ["floater"]},
            "train": {"recipe": "scaling_nmt", "device": "gpu", "nodes": 2, "gpus_per_node": 8, "max_update": 6,
                      "max_tokens": "auto"},
