@@ -2,7 +2,6 @@
 binarized corpus, which interval checkpoints get averaged, and the plan the workflow prints of a
 model from its resolved fairseq configuration."""
 import os
-import sys
 
 import numpy as np
 import pytest

@@ -6,7 +6,6 @@ process, and the hash must change (hashed) or stay (left out). The classificatio
 parser's options, so an option that fairseq or the plugin adds later fails here until it is
 weighed."""
 import os
-import shutil
 
 import pytest
 

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from helpers import snakemake_runs as wf
+from helpers import snakemake_runs as runs
 from helpers.snakemake_runs import checkout, edit
 from posenc_workflow import workflow
 from posenc_workflow.sources import sources
@@ -20,7 +20,7 @@ def test_the_code_key_is_the_same_with_or_without_the_preflight():
               "wf.preflight_label('alibi', [])\n"
               "wf._CODE_CACHE.clear()\n"
               "print(before, wf.code_key('alibi'))\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=wf.REPO)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=runs.REPO)
     before, after = out.stdout.split()[-2:]
     assert before == after == workflow.code_key("alibi")
 
@@ -65,8 +65,8 @@ def test_an_edit_retrains_the_models_whose_training_runs_the_file(tmp_path):
 
 
 def test_a_rules_inputs_are_the_files_its_script_runs():
-    rel = lambda *paths: {os.path.relpath(f, wf.REPO) for f in sources(*paths)}  # noqa: E731
-    recipe = os.path.join(wf.REPO, "recipes", "posenc_workflow")
+    rel = lambda *paths: {os.path.relpath(f, runs.REPO) for f in sources(*paths)}  # noqa: E731
+    recipe = os.path.join(runs.REPO, "recipes", "posenc_workflow")
     # the steps of a corpus: prepare.py and the text.py it runs; the short-to-long split's own script
     # adds the length_split.py it runs (an edit of it redoes the split, not the corpus before it)
     assert rel(os.path.join(recipe, "prepare.py")) == {"recipes/posenc_workflow/prepare.py", "recipes/posenc_workflow/text.py"}
@@ -76,11 +76,11 @@ def test_a_rules_inputs_are_the_files_its_script_runs():
     assert rel(os.path.join(recipe, "rerank.py")) == {"recipes/posenc_workflow/rerank.py", "recipes/posenc_workflow/text.py"}
     assert rel(os.path.join(recipe, "train_job.py")) == {"recipes/posenc_workflow/train_job.py"}
     # a script importing the plugin's module: that module, not the plugin's registration
-    assert rel(os.path.join(wf.REPO, "scripts", "average_checkpoints.py")) == {
+    assert rel(os.path.join(runs.REPO, "scripts", "average_checkpoints.py")) == {
         "scripts/average_checkpoints.py", "fairseq_posenc/compat.py", "fairseq_posenc/positions/kept.py"}
 
 
-STUDY = {**wf.STUDY, "models": {"arch": "tiny", "encodings": ["sinusoidal"]},
+STUDY = {**runs.STUDY, "models": {"arch": "tiny", "encodings": ["sinusoidal"]},
          "train": {"recipe": "scaling_nmt", "device": "cpu", "max_update": 6, "save_interval_updates": 3, "lr": 0.003,
                    "dropout": 0.1, "max_tokens": 1000, "update_freq": 1},
          "evaluate": {"checkpoints": "update", "average": 1}}
@@ -92,18 +92,18 @@ def test_an_edit_of_a_rules_script_runs_that_rule_and_an_unrelated_edit_nothing(
     # the copy's packages, as an install of the copy would import them
     env = {"PYTHONPATH": os.pathsep.join([str(root), str(root / "recipes")])}
     averaged = "study/models/sinusoidal/seed1/averaged.pt"
-    wf.ok(wf.snakemake(work, STUDY, averaged, snakefile=snakefile, env=env))
+    runs.ok(runs.snakemake(work, STUDY, averaged, snakefile=snakefile, env=env))
     # average_checkpoints.py, what the average rule runs: that rule runs again, nothing before it;
     # labels.py, rerank.py and wmt_data.py run no job of this target; a file only touched, nothing
     edit(root / "scripts" / "average_checkpoints.py")
     for name in ("fairseq_posenc/labels.py", "recipes/posenc_workflow/rerank.py", "recipes/posenc_workflow/wmt_data.py"):
         edit(root / name)
     os.utime(root / "recipes" / "posenc_workflow" / "train_job.py")
-    dry = wf.ok(wf.snakemake(work, STUDY, averaged, "-n", snakefile=snakefile, env=env))
+    dry = runs.ok(runs.snakemake(work, STUDY, averaged, "-n", snakefile=snakefile, env=env))
     assert re.findall(r"^rule (\w+):", dry, re.M) == ["average"]
     assert re.search(r"reason: Updated input files: \S*/scripts/average_checkpoints\.py", dry)
     # the sinusoidal encoding's file: its model's code key, so its training job
     edit(root / "fairseq_posenc" / "positions" / "sinusoidal.py")
-    dry = wf.ok(wf.snakemake(work, STUDY, averaged, "-n", snakefile=snakefile, env=env))
+    dry = runs.ok(runs.snakemake(work, STUDY, averaged, "-n", snakefile=snakefile, env=env))
     assert re.findall(r"^rule (\w+):", dry, re.M) == ["train", "average"]
     assert re.search(r"rule train:(.|\n)*?reason: Params have changed", dry)

@@ -10,10 +10,10 @@ import time
 
 import yaml
 
-from helpers import snakemake_runs as wf
+from helpers import snakemake_runs as runs
 
-PROFILE = os.path.join(wf.REPO, "recipes", "profiles", "slurm")
-SLURM = os.path.join(wf.STUBS, "slurm")
+PROFILE = os.path.join(runs.REPO, "recipes", "profiles", "slurm")
+SLURM = os.path.join(runs.STUBS, "slurm")
 BIG_2X8 = {"models": {"arch": "big", "encodings": ["floater"]},
            "train": {"recipe": "scaling_nmt", "device": "gpu", "nodes": 2, "gpus_per_node": 8, "max_update": 6,
                      "max_tokens": "auto"},
@@ -34,7 +34,7 @@ def submit(work, config, target, env):
     what it printed."""
     with open(os.path.join(work, "study.yaml"), "w") as f:
         yaml.safe_dump(config, f)
-    proc = subprocess.Popen([wf.SNAKEMAKE, "-s", wf.SNAKEFILE, "--configfile", wf.DEMO, "study.yaml", "--profile", PROFILE,
+    proc = subprocess.Popen([runs.SNAKEMAKE, "-s", runs.SNAKEFILE, "--configfile", runs.DEMO, "study.yaml", "--profile", PROFILE,
                              target], cwd=work, env={**os.environ, **env}, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -47,25 +47,25 @@ def submit(work, config, target, env):
 
 
 def test_a_big_floater_on_2_nodes_of_8_gpus_is_one_slurm_job_of_one_task_a_node(work):
-    config = {**wf.STUDY, **BIG_2X8, "corpus": wf.STUDY["corpus"]}
+    config = {**runs.STUDY, **BIG_2X8, "corpus": runs.STUDY["corpus"]}
     log = os.path.join(work, "slurm.jsonl")
-    env = {"PATH": f"{SLURM}:{wf.STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "SLURM_LOG": log}
+    env = {"PATH": f"{SLURM}:{runs.STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "SLURM_LOG": log}
     # the vanilla stage here, as inside an allocation of two GPUs (its job's srun stand-in runs the
     # stub fairseq-train once)
-    wf.ok(wf.snakemake(work, config, wf.target("vanilla"), env={**env, "CUDA_VISIBLE_DEVICES": "0,1"}))
+    runs.ok(runs.snakemake(work, config, runs.target("vanilla"), env={**env, "CUDA_VISIBLE_DEVICES": "0,1"}))
     (srun,) = [c for c in _log(log) if c["command"] == "srun"]
     assert srun["argv"][:3] == ["--nodes=2", "--ntasks-per-node=1", "fairseq-train"]
     argv = srun["argv"]
     assert argv[argv.index("--distributed-world-size") + 1] == "16" and "--distributed-port" in argv
     # the dry run with the profile lists the FLOATER job's resources
-    dry = wf.ok(wf.snakemake(work, config, wf.target("floater"), "-n", "--profile", PROFILE, env=env))
+    dry = runs.ok(runs.snakemake(work, config, runs.target("floater"), "-n", "--profile", PROFILE, env=env))
     resources = next(line for line in dry.split("wildcards: name=floater, seed=1")[1].splitlines()
                      if "resources:" in line)
     for item in ("nodes=2", "tasks=2", "mpi=srun", "gres=gpu:8", "runtime=4320", "mem_mb=64000", "cpus_per_gpu=4",
                  "slurm_extra=--ntasks-per-node=1"):
         assert item in resources, resources
     # submitted with the profile: sbatch records its line, then Snakemake is stopped
-    submit(work, config, wf.target("floater"), env)
+    submit(work, config, runs.target("floater"), env)
     (sbatch,) = [c for c in _log(log) if c["command"] == "sbatch"]
     line = sbatch["argv"]
     assert "--nodes=2" in line and "--ntasks=2" in line and "--ntasks-per-node=1" in line
@@ -83,11 +83,11 @@ def test_downloads_and_extraction_run_on_the_submitting_host_under_the_profile(t
 
     work = str(tmp_path)
     write_archives("wmt14_en_de", os.path.join(work, "archives"), "en", "de")
-    config = {**wf.STUDY, "out": "wmt", "corpus": {"name": "wmt14_en_de", "data": "wmt", "archives": "archives",
+    config = {**runs.STUDY, "out": "wmt", "corpus": {"name": "wmt14_en_de", "data": "wmt", "archives": "archives",
                                                    "download": False, "verify_checksums": False},
               "models": {"arch": "tiny", "encodings": ["sinusoidal"]}}
     log = os.path.join(work, "slurm.jsonl")
-    env = {"PATH": f"{SLURM}:{wf.STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "SLURM_LOG": log}
+    env = {"PATH": f"{SLURM}:{runs.STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "SLURM_LOG": log}
     out = submit(work, config, "wmt/data-bin", env)
     assert "localrule extract:" in out and os.path.getsize(os.path.join(work, "wmt", "raw", "train.en")) > 0
     (sbatch,) = [c for c in _log(log) if c["command"] == "sbatch"]
