@@ -11,14 +11,16 @@ from posenc_workflow.workflow import ROOT, ConfigError
 
 
 #: the fields of ``corpus`` that decide what a prepared corpus holds (its directory's name for
-#: ``files``, the record a corpus.data directory keeps of the study that prepared it)
-PREPARATION = ("name", "pair", "sources", "train", "valid", "test", "tokenize", "bpe", "bpe_size")
+#: ``files``, the record a corpus.data directory keeps of the study that prepared it). Not
+#: ``corpus.test``: a files corpus's named test sets are prepared apart, under the study
+#: (OUT/tests/NAME/data), with the corpus's BPE and dictionary, so that adding one prepares only it
+PREPARATION = ("name", "pair", "sources", "train", "valid", "tokenize", "bpe", "bpe_size")
 
 
 class TestSet(NamedTuple):
     """A test set of the study: its name (the score lines'), the prefix of its prepared files
-    (DATA/PREFIX.{src,tgt}, DATA/PREFIX.raw.{tgt}), its subset of data-bin (fairseq-preprocess
-    names the testpref's prefixes test, test1, test2 ...) and where its decodes go under OUT
+    (PREFIX.{src,tgt}, PREFIX.raw.{tgt}: in DATA for the corpus's own test set, in OUT/WHERE/data for
+    a named one), its subset of the data-bin it is decoded from, and where its decodes go under OUT
     (``models``: beside the models; ``tests/NAME`` for the named test sets of a files corpus)."""
     name: str
     prefix: str
@@ -28,10 +30,9 @@ class TestSet(NamedTuple):
 
 
 def named_tests(config: dict) -> List[TestSet]:
-    """The test sets of ``corpus.test`` (files), in their order: the binarized subsets' order."""
+    """The test sets of ``corpus.test`` (files), in their order, each binarized on its own."""
     tests = config.get("test") or {}
-    return [TestSet(name, f"test.{name}", "test" if i == 0 else f"test{i}", f"tests/{name}", dict(files))
-            for i, (name, files) in enumerate(tests.items())]
+    return [TestSet(name, "test", "test", f"tests/{name}", dict(files)) for name, files in tests.items()]
 
 
 def files_data_dir(config: dict, src: str, tgt: str) -> str:
@@ -90,24 +91,42 @@ class Corpus:
                                      f"working directory, {os.getcwd()})")
 
     def own_files(self) -> List[str]:
-        """The user's files a files corpus reads: the gather rule's inputs (an edit prepares again)."""
+        """The user's training (and validation) files: the gather rule's inputs (an edit prepares
+        the corpus again). A named test set's files are its own rule's (:meth:`test_files`)."""
         c = self.study.config["corpus"]
         pairs = [c["train"]] + ([c["valid"]] if self.has_valid else [])
-        pairs += [t.files for t in self.tests if "src" in t.files]
         return [pair[side] for pair in pairs for side in ("src", "tgt")]
 
     def gather_settings(self) -> str:
         """Where gather reads each split of a files corpus (prepare.py gather): DATA/raw's sources."""
         c = self.study.config["corpus"]
         splits = {"train": c["train"], **({"valid": c["valid"]} if self.has_valid else {})}
-        splits.update({t.prefix: t.files for t in self.tests})
         return json.dumps({**self.settings(), "splits": splits}, sort_keys=True)
+
+    @property
+    def corpus_tests(self) -> List[TestSet]:
+        """The test sets prepared with the corpus (DATA/test.*): a shipped corpus's; a files
+        corpus's named test sets are prepared apart (:meth:`test_settings`)."""
+        return [] if self.style == "files" else self.tests
+
+    def test(self, name: str) -> TestSet:
+        return next(t for t in self.tests if t.name == name)
+
+    def test_files(self, name: str) -> List[str]:
+        """A named test set's own files (none for sacrebleu's): its prepare_test job's inputs."""
+        files = self.test(name).files
+        return [files["src"], files["tgt"]] if "src" in files else []
+
+    def test_settings(self, name: str) -> str:
+        """What prepare.py test prepares a named test set with: its files (or sacrebleu's name),
+        the tokenizer and the corpus's BPE; the corpus's dictionary is an input, not a setting."""
+        return json.dumps({**self.settings(), "bpe": self.bpe, "files": self.test(name).files}, sort_keys=True)
 
     def splits(self, valid: Optional[bool] = None) -> List[str]:
         """The prefixes of the text the steps write: train, valid (where the corpus has its own, or
-        ``valid`` is True), and every test set's."""
+        ``valid`` is True), and the corpus's test set (a shipped corpus's)."""
         valid = self.has_valid if valid is None else valid
-        return ["train"] + (["valid"] if valid else []) + [t.prefix for t in self.tests]
+        return ["train"] + (["valid"] if valid else []) + [t.prefix for t in self.corpus_tests]
 
     @classmethod
     def of(cls, study):
@@ -169,8 +188,9 @@ class Corpus:
         return json.dumps({**self.settings(), "bpe": self.bpe}, sort_keys=True)
 
     def _tests(self) -> Dict:
-        # the shipped corpora's one test set keeps its settings as they were (nothing to prepare again)
-        return {"tests": [t.prefix for t in self.tests]} if self.style == "files" else {}
+        # the shipped corpora's one test set keeps its settings as they were (nothing to prepare
+        # again); a files corpus prepares none with its training data
+        return {"tests": []} if self.style == "files" else {}
 
     def tokenize_settings(self) -> str:
         return json.dumps({**self.settings(), "splits": self.splits(), **self._tests()}, sort_keys=True)

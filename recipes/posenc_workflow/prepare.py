@@ -6,6 +6,7 @@ recipes/rules/prepare.smk, each step's settings a JSON object (the rule's params
     python recipes/posenc_workflow/prepare.py tokenize --data data/wmt14_en_de --settings JSON
     python recipes/posenc_workflow/prepare.py segment  --data data/wmt14_en_de --settings JSON
     python recipes/posenc_workflow/prepare.py binarize --data data/wmt14_en_de --settings JSON
+    python recipes/posenc_workflow/prepare.py test     --data data/files_de_en --out OUT/tests/NAME/data --settings JSON
 
 WMT (prepare-wmt14en2*.sh): Moses' punctuation normalisation, non-printing characters to spaces
 and the tokenizer with -a on training and validation text (the test set only has its curly
@@ -15,8 +16,9 @@ part; training pairs cleaned to 1-250 BPE tokens with ratio 1.5; the test set ke
 
 Your own files (``corpus.name: files``): ``gather`` copies them (and reads a sacrebleu test set
 by name from sacrebleu's cache, downloading it there if missing) into DATA/raw/, then the WMT
-steps run on them, with every test set prepared apart (DATA/test.NAME.*, binarized as fairseq's
-test, test1, ... subsets); ``tokenize: none`` keeps text that is already tokenized as it is.
+steps run on them; each named test set is prepared apart (``test``: under the study,
+OUT/tests/NAME/data, with the corpus's BPE and dictionaries); ``tokenize: none`` keeps text that
+is already tokenized as it is.
 
 IWSLT'14 (prepare-iwslt14.sh): the tokenizer without -a nor normalisation, training pairs cleaned
 to 1-175 tokens with ratio 1.5 before lowercasing, every 23rd pair validates, 10k BPE merges
@@ -221,24 +223,50 @@ def binarize(data: str, s: Dict, workers: int):
     dest = os.path.join(data, "data-bin")
     tmp = dest + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    tests = s.get("tests", ["test"])
     cmd = [_bin("fairseq-preprocess"), "--source-lang", s["src"], "--target-lang", s["tgt"],
            "--trainpref", os.path.join(data, "train"), "--validpref", os.path.join(data, "valid"),
-           "--testpref", ",".join(os.path.join(data, t) for t in s.get("tests", ["test"])), "--destdir", tmp,
-           "--workers", str(workers)]
+           "--destdir", tmp, "--workers", str(workers)]
+    cmd += ["--testpref", ",".join(os.path.join(data, t) for t in tests)] if tests else []
     cmd += ["--joined-dictionary"] if s["joined_dictionary"] else []
     _run(cmd, log=os.path.join(data, "preprocess.log"))
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
 
 
+def test(data: str, out: str, s: Dict, workers: int):
+    """A named test set of a files corpus, prepared apart from the corpus DATA with its BPE and
+    dictionary (so that adding one prepares nothing else): OUT/raw/test.* (its files, or
+    sacrebleu's set), OUT/tok/test.*, OUT/test.* (segmented), OUT/test.raw.* (SacreBLEU's
+    references) and OUT/data-bin (fairseq-preprocess --srcdict/--tgtdict of DATA/data-bin)."""
+    src, tgt = s["src"], s["tgt"]
+    gather(out, {**s, "splits": {"test": s["files"]}})
+    tokenize(out, {**s, "splits": ["test"]}, workers)
+    for lang in (src, tgt):
+        _apply(data, s, os.path.join(out, "tok", f"test.{lang}"), os.path.join(out, f"test.{lang}"))
+        shutil.copyfile(os.path.join(out, "raw", f"test.{lang}"), os.path.join(out, f"test.raw.{lang}"))
+    dest = os.path.join(out, "data-bin")
+    tmp = dest + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    _run([_bin("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt, "--testpref", os.path.join(out, "test"), "--destdir", tmp, "--workers", str(workers),
+          "--srcdict", os.path.join(data, "data-bin", f"dict.{src}.txt"),
+          "--tgtdict", os.path.join(data, "data-bin", f"dict.{tgt}.txt")], log=os.path.join(out, "preprocess.log"))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    print(f"| test: {_lines(os.path.join(out, f'test.{src}'))} sentence pairs ({out}/test.{{{src},{tgt}}}, "
+          f"binarized with {data}/data-bin's dictionaries)", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("gather", "tokenize", "segment", "binarize"):
+    for name in ("gather", "tokenize", "segment", "binarize", "test"):
         p = sub.add_parser(name)
         p.add_argument("--data", required=True, help="the corpus's directory")
         p.add_argument("--settings", required=True, help="the step's settings (JSON)")
         p.add_argument("--workers", type=int, default=1)
+        if name == "test":
+            p.add_argument("--out", required=True, help="where the test set is prepared (OUT/tests/NAME/data)")
     args = parser.parse_args(argv)
     settings = json.loads(args.settings)
     try:
@@ -248,6 +276,8 @@ def main(argv=None):
             tokenize(args.data, settings, args.workers)
         elif args.command == "segment":
             segment(args.data, settings, args.workers)
+        elif args.command == "test":
+            test(args.data, args.out, settings, args.workers)
         else:
             binarize(args.data, settings, args.workers)
     except (PrepareError, OSError, ValueError) as e:

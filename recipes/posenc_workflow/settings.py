@@ -26,6 +26,51 @@ NO_JOB = {
     "train.tokens_per_second": "the speed the dry run's plan estimates the time from; no job reads it",
     "models.baseline": _REPORT, "report.title": _REPORT, "report.unit": _REPORT, "report.bins": _REPORT,
 }
+#: the rules each field feeds: the jobs whose params (or settings-derived inputs) it enters, in
+#: every corpus and recipe together; editing the field redoes those jobs and what follows from their
+#: outputs, nothing else. tests/workflow/test_settings_walk.py derives the same from the jobs'
+#: params and fails on any difference, a new field undeclared included
+FEEDS = {k: frozenset(v.split()) for k, v in {
+    "corpus.archives": "extract", "corpus.bpe": "length_split prepare_test score segment",
+    "corpus.bpe_size": "segment", "corpus.data": "binarize extract gather score segment tokenize toy_corpus",
+    "corpus.download": "", "corpus.download_timeout": "", "corpus.mirror": "",
+    "corpus.pair": "binarize extract gather length_split prepare_test score segment tokenize",
+    "corpus.sources": "extract", "corpus.test": "decode prepare_test score study_config",
+    "corpus.tokenize": "binarize gather length_split prepare_test segment tokenize",
+    "corpus.toy.long_max_len": "study_config toy_corpus", "corpus.toy.pair": "study_config toy_corpus",
+    "corpus.toy.seed": "study_config toy_corpus", "corpus.toy.test_size": "study_config toy_corpus",
+    "corpus.toy.train_max_len": "study_config toy_corpus", "corpus.toy.train_size": "study_config toy_corpus",
+    "corpus.train": "gather", "corpus.valid": "gather segment tokenize", "corpus.verify_checksums": "",
+    "corpus.workers": "", "distillation.arch": "train", "distillation.average": "average score",
+    "distillation.dropout": "train", "distillation.lr": "train", "distillation.max_epoch": "train",
+    "distillation.max_update": "train", "distillation.relation_heads": "train",
+    "distillation.relation_weight": "train", "distillation.relations": "train",
+    "distillation.student_flags": "train", "distillation.students": "average decode score train",
+    "distillation.teacher": "train", "evaluate.average": "average score", "evaluate.beam": "decode score",
+    "evaluate.checkpoints": "average train", "evaluate.lenpen": "decode score",
+    "evaluate.lenpen_form": "decode score", "evaluate.lowercase": "score", "evaluate.max_tokens": "decode",
+    "models.arch": "average score study_config train", "models.baseline": "study_config",
+    "models.encodings": "average decode score study_config train",
+    "models.seeds": "average decode score study_config train", "out": "decode score study_config toy_corpus train",
+    "report.bins": "study_config", "report.title": "study_config", "report.unit": "study_config",
+    "split.bins": "length_split study_config", "split.train_below": "decode length_split score study_config",
+    "split.unit": "decode length_split score study_config", "train.adam_eps": "train",
+    "train.batch_target": "train", "train.device": "decode train", "train.distributed_port": "train",
+    "train.dropout": "train", "train.encoding_flags": "study_config train", "train.eval_bleu": "train",
+    "train.flags": "train", "train.gpus_per_node": "train", "train.large_batch": "train",
+    "train.lr": "study_config train", "train.max_epoch": "train", "train.max_tokens": "study_config train",
+    "train.max_update": "study_config train", "train.model_flags": "train", "train.nodes": "train",
+    "train.position_bias_scale": "study_config train", "train.precision": "decode train",
+    "train.save_interval_updates": "train", "train.share_embeddings": "train", "train.threads": "study_config",
+    "train.tokens_per_second": "", "train.update_freq": "train", "train.warmup_init_lr": "train",
+    "train.warmup_updates": "train", "train.weight_decay": "train",
+    "warm_start.average": "average score study_config",
+    "warm_start.control": "average decode score study_config train",
+    "warm_start.enabled": "average decode score study_config train", "warm_start.lr_scale": "study_config train",
+    "warm_start.second.max_epoch": "study_config train", "warm_start.second.max_update": "study_config train",
+    "warm_start.start": "study_config train", "warm_start.vanilla.max_epoch": "study_config train",
+    "warm_start.vanilla.max_update": "study_config train",
+}.items()}
 ABSENT = object()
 
 

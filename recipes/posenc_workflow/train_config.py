@@ -33,6 +33,8 @@ BUDGET = ("the budget: a larger one goes on from the directory's checkpoint_last
 BATCH = ("the batch layout across devices, hashed as the tokens per update it gives (max_tokens x "
          "update_freq x world size): the GPU count at equal tokens per update is the same model")
 DEVICE = "where the same computation runs; precision (fp16, bf16, amp) is hashed on its own"
+RETENTION = ("how many of the saved checkpoints are kept: what an averaging can read, not what is trained "
+             "(recipes/posenc_workflow/retention.py refuses an averaging the kept ones cannot serve)")
 
 # every field left out of the hash, with its reason: by option name (any section) or section.option
 LEFT_OUT: Dict[str, str] = {
@@ -52,6 +54,8 @@ LEFT_OUT: Dict[str, str] = {
     "max_tokens_valid": "validation batches only (it follows max_tokens): the summed validation loss does not "
                         "depend on how the validation set is batched",
     "cpu": DEVICE,
+    "keep_interval_updates": RETENTION, "keep_interval_updates_pattern": RETENTION, "keep_last_epochs": RETENTION,
+    "keep_best_checkpoints": RETENTION,
 }
 
 # the training parser's other options, weighed and hashed: another value is another model
@@ -71,8 +75,8 @@ pipeline_balance pipeline_devices pipeline_chunks pipeline_encoder_balance pipel
 pipeline_decoder_balance pipeline_decoder_devices pipeline_checkpoint zero_sharding no_reshard_after_forward
 fp32_reduce_scatter cpu_offload use_sharded_state not_fsdp_flatten_parameters arch clip_norm sentence_avg lr
 stop_min_lr use_bmuf skip_remainder_batch restore_file continue_once reset_dataloader reset_lr_scheduler
-reset_meters reset_optimizer optimizer_overrides save_interval save_interval_updates keep_interval_updates
-keep_interval_updates_pattern keep_last_epochs keep_best_checkpoints no_save no_epoch_checkpoints
+reset_meters reset_optimizer optimizer_overrides save_interval save_interval_updates
+no_save no_epoch_checkpoints
 no_last_checkpoints no_save_optimizer_state best_checkpoint_metric maximize_best_checkpoint_metric patience
 checkpoint_suffix checkpoint_shard_count load_checkpoint_on_all_dp_ranks write_checkpoints_asynchronously
 store_ema ema_decay ema_start_update ema_seed_model ema_update_freq ema_fp32

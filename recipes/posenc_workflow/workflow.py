@@ -401,8 +401,33 @@ class Study:
         return ([TestSet(self.test_set(), "test", "test", "models")] if self.split else []) + named
 
     def test_data_bin(self, test) -> str:
-        """The binarized set ``test`` (a TestSet) is decoded from: the split's or the corpus's."""
-        return self.data_bin() if test.where == "models" else os.path.join(self.data, "data-bin")
+        """The binarized set ``test`` (a TestSet) is decoded from: the split's or the corpus's, or
+        a named test set's own (prepared apart: recipes/rules/prepare.smk, prepare_test)."""
+        return self.data_bin() if test.where == "models" else os.path.join(self.out, test.where, "data", "data-bin")
+
+    def report_config(self, test_name: Optional[str] = None) -> dict:
+        """What the report reads of the study (its study.json): the rows, seeds, baseline, bins and
+        title (report.py length), a named test set's title naming it; the demo's report (report.py
+        demo) also its size, budget, toy pair and warm start, for its note."""
+        config = self.config
+        out = {"out": config["out"], "models": {k: config["models"].get(k) for k in ("encodings", "seeds", "baseline")},
+               "report": config["report"], **({"split": config["split"]} if config.get("split") else {})}
+        if config["corpus"]["name"] == "toy":
+            out["models"]["arch"] = config["models"]["arch"]
+            out["corpus"] = {"toy": config["corpus"]["toy"]}
+            out["train"] = {k: config["train"].get(k) for k in ("max_update", "max_tokens", "lr", "threads",
+                                                                "encoding_flags", "position_bias_scale")}
+            out["warm_start"] = config.get("warm_start") or {}
+        config = out
+        if test_name:
+            config = {**config, "report": {**config["report"], "title": (config["report"].get("title") or self.out)
+                                           + f", test set {test_name}"}}
+        return config
+
+    def test_reference(self, test) -> str:
+        """The raw references SacreBLEU scores ``test`` against (the target side as given)."""
+        where = self.data if test.where == "models" else os.path.join(self.out, test.where, "data")
+        return os.path.join(where, f"{test.prefix}.raw.{self.tgt}")
 
     # -- rows and their preflight -----------------------------------------------------------------
     def _check_rows(self, preflight: bool):
@@ -457,7 +482,13 @@ class Study:
                 config = train_config.resolve(self.command(model), cache=config_cache())
             except ValueError as error:
                 raise ConfigError(f"{model.key}: {error}") from None
-            self._resolved[model.key] = (config, train_config.identity(config))
+            # FLOATER's vanilla stage with a budget of its own (warm_start.vanilla) is another model
+            # than a sinusoidal row of the same configuration: its own directory (with the rows'
+            # budget it is that row's model, trained once: recipes/rules/train.smk's _same_as)
+            stage = None
+            if model.kind == "vanilla" and self.budget(model) != self.budget(dataclasses.replace(model, kind="scratch")):
+                stage = {"stage": VANILLA}
+            self._resolved[model.key] = (config, train_config.identity(config, stage))
         return self._resolved[model.key]
 
     def row(self, slug: str) -> Row:

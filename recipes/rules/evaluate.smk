@@ -136,7 +136,7 @@ def _reference(wildcards):
     test = _test(wildcards)
     if (STUDY.split and test.where == "models") or STUDY.config["corpus"].get("tokenize") == "none":
         return ""
-    return "--ref " + os.path.join(STUDY.data, f"{test.prefix}.raw.{STUDY.tgt}")
+    return "--ref " + STUDY.test_reference(test)
 
 
 rule score:
@@ -146,6 +146,7 @@ rule score:
     input:
         generation=TEST_DIR + "/test.txt",
         label=_model_file("label.txt"),
+        refs=lambda w: _reference(w).split()[1:],
         scripts=scripts(f"{WORKFLOW_PY}/scoring.py"),
     output:
         lines=TEST_DIR + "/score.txt",

@@ -52,6 +52,32 @@ elif CORPUS.style == "files":
 
     RAW = rules.gather.output
 
+    rule prepare_test:
+        # a named test set, apart from the corpus: its files (or sacrebleu's set) tokenized and
+        # segmented with the corpus's BPE, binarized with its dictionaries. Adding, removing or
+        # renaming one runs its own job and nothing of the corpus; another BPE or dictionary (the
+        # corpus prepared again) redoes it
+        input:
+            files=lambda w: CORPUS.test_files(w.test),
+            bpe=CORPUS.bpe_model(),
+            data=DATA + "/data-bin",
+            scripts=scripts(f"{WORKFLOW_PY}/prepare.py"),
+        output:
+            data=directory(OUT + "/tests/{test}/data/data-bin"),
+            refs=[OUT + "/tests/{test}/data/test.raw." + lang for lang in CORPUS.langs],
+        params:
+            settings=lambda w: CORPUS.test_settings(w.test),
+        wildcard_constraints:
+            test="|".join(re.escape(t.name) for t in CORPUS.tests),
+        log:
+            OUT + "/logs/prepare_test.{test}.log",
+        shell:
+            "{PY} {WORKFLOW_PY}/prepare.py test --data {DATA} --out {OUT}/tests/{wildcards.test}/data "
+            "--settings {params.settings:q} 2>&1 | tee {log}"
+
+    # on the submitting host: a sacrebleu test set may be downloaded
+    localrules: prepare_test
+
 else:
 
     # how the archives are fetched and checked (corpus.download, .download_timeout, .mirror,
@@ -123,7 +149,7 @@ if CORPUS.style != "toy":
         output:
             [f"{DATA}/{split}.{lang}" for split in CORPUS.splits(valid=True) for lang in CORPUS.langs]
             + [f"{DATA}/train.tok.{lang}" for lang in CORPUS.langs]
-            + [f"{DATA}/{test.prefix}.raw.{lang}" for test in CORPUS.tests for lang in CORPUS.langs]
+            + [f"{DATA}/{test.prefix}.raw.{lang}" for test in CORPUS.corpus_tests for lang in CORPUS.langs]
             + [CORPUS.bpe_model()],
         params:
             settings=CORPUS.segment_settings(),

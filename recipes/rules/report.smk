@@ -21,21 +21,36 @@ else:
     REPORT_FILES = [OUT + "/results.txt"] + ([OUT + f"/bleu_by_length{s}.md" for s in SUFFIXES] if LENGTH_REPORT else [])
 
 
+def report_config(suffix):
+    return STUDY.report_config(SUFFIXES[suffix].name if suffix else None)
+
+
+def _leaves(config, prefix=""):
+    """FIELD=VALUE of every leaf: the params Snakemake compares one by one, so that a dry run's
+    reason names the field that changed, old and new, not the whole configuration."""
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}={json.dumps(value, sort_keys=True)}"
+
+
 rule study_config:
-    # the configuration the report reads (its title, seeds, baseline, bins); a named test set's
-    # title names it
+    # the configuration the report reads (report_config), written whole by a param derived from the
+    # output (Snakemake leaves such params out of its params trigger); before it a param a field
     output:
         OUT + "/study{suffix}.json",
     wildcard_constraints:
         suffix="(?:" + "|".join(re.escape(s) for s in SUFFIXES) + ")",
     params:
-        config=lambda w: json.dumps(STUDY.config if not w.suffix else {
-            **STUDY.config, "report": {**STUDY.config["report"], "title": (STUDY.config["report"].get("title") or OUT)
-                                       + f", test set {SUFFIXES[w.suffix].name}"}}, sort_keys=True),
+        *[lambda w, i=i: sorted(_leaves(report_config(w.suffix)))[i] for i in range(len(list(_leaves(report_config("")))))],
+        config=lambda w, output: json.dumps(report_config(w.suffix), sort_keys=True),
+    log:
+        OUT + "/logs/study_config{suffix}.log",
     # a shell command, not run: (Snakemake starts a run: job as a Snakemake process of its own,
     # which reads the Snakefile again: seconds for a file of one line)
     shell:
-        "printf '%s' {params.config:q} > {output}"
+        "printf '%s' {params.config:q} > {output} 2> {log}"
 
 
 rule results:

@@ -2,7 +2,7 @@
 # and control and distilled students included. The job's output is a record written once the
 # checkpoint reached its budget (recipes/posenc_workflow/train_job.py); the checkpoints live in
 # OUT/checkpoints/HASH, which Snakemake never deletes, so a job run again goes on from there.
-from posenc_workflow import plan as plan_module, train_config
+from posenc_workflow import plan as plan_module, retention, train_config
 
 _RESOLVED = {}
 
@@ -42,6 +42,18 @@ def _same_as():
     return _RESOLVED["same"]
 
 
+def _keep_flags(wildcards):
+    """The retention flags of the model's training: of the models that train in its directory (one
+    configuration: _same_as), those that keep the most, so that each one's averaging finds its
+    checkpoints whichever trained it."""
+    model = _model(wildcards)
+    first = _same_as().get(model.key, model)
+    group = [m for m in STUDY.models if m is first or _same_as().get(m.key) is first]
+    flags = [retention.split(STUDY.command(m))[1] for m in group]
+    kind = STUDY.evaluate["checkpoints"]
+    return " ".join(max(flags, key=lambda f: float("inf") if retention.kept(f, kind) is None else retention.kept(f, kind)))
+
+
 def _train_inputs(wildcards):
     model = _model(wildcards)
     inputs = {"data": STUDY.data_bin(), "scripts": scripts(f"{WORKFLOW_PY}/train_job.py")}
@@ -73,6 +85,9 @@ if workflow.is_main_process:
     except wf.ConfigError as error:
         raise WorkflowError(f"configuration refused: {error}") from None
     plan_module.print_study_plan(STUDY, {m.key: resolved(m) for m in STUDY.models}, _same_as())
+    _short = retention.unservable(STUDY, {m.key: resolved(m) for m in STUDY.models}, wf.code_key)
+    if _short:
+        raise WorkflowError(f"configuration refused: {retention.refusal(STUDY, _short)}")
 
 
 rule train:
@@ -86,7 +101,14 @@ rule train:
         # it, the checkpoint directory linked there from the job's start
         OUT + "/models/{name}/seed{seed}/train.log",
     params:
-        command=lambda w: STUDY.command(_model(w)),
+        # fairseq-train's arguments: a param derived from the output, which Snakemake's params
+        # trigger leaves out; what makes the model is config_id (the hash of fairseq's resolved
+        # configuration, less what train_config.LEFT_OUT leaves out: logging, paths, which
+        # checkpoints are kept), so that another log interval or evaluate.average trains nothing
+        # again, and the dry run's reason is the hash while the plan names the fields that changed
+        # (posenc_workflow/retention.py refuses an average the kept checkpoints cannot serve)
+        command=lambda w, output: retention.split(STUDY.command(_model(w)))[0],
+        keep=lambda w, output: _keep_flags(w),
         config_id=lambda w: resolved(_model(w))[1],
         code=lambda w: wf.code_key(_model(w).encoding),
         software=lambda w: json.dumps(wf.software_versions(), sort_keys=True),
@@ -115,4 +137,4 @@ rule train:
         "OMP_NUM_THREADS={threads} {PY} {WORKFLOW_PY}/train_job.py --record {output} --checkpoints {params.root} "
         "--config-id {params.config_id} --code {params.code} --software {params.software:q} --data {input.data} "
         "{params.start} {params.teacher} {params.budget} {params.launcher} "
-        "--link $(dirname {output})/checkpoints -- fairseq-train {params.command:q} 2>&1 | tee {log}"
+        "--link $(dirname {output})/checkpoints -- fairseq-train {params.command:q} {params.keep} 2>&1 | tee {log}"

@@ -6,6 +6,7 @@ setting accepted and ignored fails here."""
 import copy
 import json
 import os
+import re
 
 import pytest
 import snakemake.utils
@@ -28,6 +29,10 @@ BASE = {"out": "study",
 # corpus's pair and files (written by the fixture below), and other files for its walk
 CORPUS_EXTRA = {}
 OTHER_BY_CORPUS = {}
+# what the walk's rules feed, by field (test_every_field_feeds_exactly_the_rules_it_declares); the
+# settings that make a field refused by the walk's studies used, for that test
+FED = {}
+ENABLING = {"train.distributed_port": {"train.nodes": 2}}
 # values where the schema's type alone does not give a meaningful other one: rows, row lists
 OTHER = {"models.encodings": ["sinusoidal", "t5", "alibi", "floater", "rope"], "models.baseline": "alibi",
          "warm_start.start": "sinusoidal", "distillation.teacher": "alibi",
@@ -112,22 +117,29 @@ def study(given):
 
 
 def job_params(study):
-    """The params of every job of the study, by the calls recipes/rules' params make."""
+    """The params (and settings-derived inputs) of every job of the study, by rule, by the calls
+    recipes/rules' params make: {(rule, job...): params}."""
+    from posenc_workflow import retention
     from posenc_workflow.workflow import generate_command, segmentation
 
     jobs, corpus = {}, Corpus.of(study)
     if study.facts["style"] == "toy":
-        jobs["toy_corpus"] = (json.dumps(study.config["corpus"]["toy"], sort_keys=True), study.data)
-    elif study.facts["style"] == "files":
-        jobs["prepare"] = (corpus.own_files(), corpus.gather_settings(), corpus.tokenize_settings(),
-                           corpus.segment_settings(), corpus.binarize_settings(), study.data)
+        jobs["toy_corpus",] = (json.dumps(study.config["corpus"]["toy"], sort_keys=True), study.data)
     else:
-        jobs["prepare"] = (corpus.extract_command(), corpus.tokenize_settings(), corpus.segment_settings(),
-                           corpus.binarize_settings(), study.data)
+        if study.facts["style"] == "files":
+            jobs["gather",] = (corpus.own_files(), corpus.gather_settings(), study.data)
+            for test in corpus.tests:
+                jobs["prepare_test", test.name] = (corpus.test_files(test.name), corpus.test_settings(test.name))
+        else:
+            jobs["extract",] = (corpus.extract_command(), corpus.sources, study.data)
+        jobs["tokenize",] = (corpus.tokenize_settings(), study.data)
+        jobs["segment",] = (corpus.segment_settings(), study.data)
+        jobs["binarize",] = (corpus.binarize_settings(), study.data)
     if study.split:
-        jobs["length_split"] = (json.dumps(study.split, sort_keys=True), corpus.settings_json())
+        jobs["length_split",] = (json.dumps(study.split, sort_keys=True), corpus.settings_json())
     for model in study.models:
-        jobs["train", model.key] = (study.command(model), model.start, model.teacher, study.checkpoints_root())
+        jobs["train", model.key] = (retention.split(study.command(model))[0], model.start, model.teacher,
+                                    study.checkpoints_root())
     e = study.evaluate
     for model in study.evaluated():
         averaged = os.path.join(study.model_dir(model), "averaged.pt")
@@ -135,9 +147,19 @@ def job_params(study):
         for test in study.test_sets():
             jobs["decode", model.key, test.name] = (generate_command(study, averaged, test), e["lenpen_form"],
                                                     e["lenpen"], e["beam"])
-            jobs["score", model.key, test.name] = (segmentation(study), study.tgt, e["lowercase"], test.name,
-                                                   study.corpus_name, study.pair)
+            # the score lines' label (recipes/rules/evaluate.smk, score's `what`)
+            what = (f"{study.corpus_name} {study.pair} seed={model.seed} arch={study.arch} {test.name} "
+                    f"beam={e['beam']} lenpen={e['lenpen']} lenpen_form={e['lenpen_form']} avg={study.average(model)}")
+            jobs["score", model.key, test.name] = (segmentation(study), study.tgt, e["lowercase"], what,
+                                                   study.test_reference(test))
+    for test in study.test_sets():
+        jobs["study_config", test.name] = study.report_config(None if test.where == "models" else test.name)
     return jobs
+
+
+def fed(before, after):
+    """The rules of the jobs whose params differ between two job_params."""
+    return {key[0] for key in set(before) | set(after) if before.get(key) != after.get(key)}
 
 
 @pytest.mark.parametrize("recipe", ENUMS["train.recipe"])
@@ -167,8 +189,11 @@ def test_every_field_reaches_a_job_or_is_refused_or_reaches_none_on_purpose(reci
             except wf.ConfigError as refusal:
                 assert "\n" not in str(refusal) and str(refusal), (path, str(refusal))
                 continue
-            if (after == before) != (path in settings.NO_JOB):
+            # the report's own record (study_config) aside: what makes a model, a decode or a score
+            models = [{k: v for k, v in jobs.items() if k[0] != "study_config"} for jobs in (before, after)]
+            if (models[0] == models[1]) != (path in settings.NO_JOB):
                 (stale if path in settings.NO_JOB else ignored).append(f"{name}: {path}")
+            FED.setdefault(path, set()).update(fed(before, after))
     assert not ignored, f"train.recipe {recipe}: accepted and ignored (not refused, not in settings.NO_JOB): {ignored}"
     assert not stale, f"train.recipe {recipe}: on settings.NO_JOB but changes a job's params: {stale}"
 
@@ -206,3 +231,31 @@ def test_a_setting_the_study_would_not_use_is_refused_in_one_line_when_given():
     assert refused(warm_start__lr_scale=0.3).startswith("warm_start.lr_scale 0.3: warm_start.enabled is not set")
     study({**demo, "warm_start": {"enabled": False, "lr_scale": 0.3}})  # kept for later, as the demo's
     assert refused(models__arch="big").startswith("models.arch big: train.recipe toy trains transformer_posenc")
+
+
+
+def test_every_field_feeds_exactly_the_rules_it_declares():
+    """settings.FEEDS against what the walk above derived from the jobs' params (over every corpus
+    and recipe): a field undeclared, a rule too many or too few, or a rule the workflow lacks fails."""
+    assert FED, "runs after the walk (pytest's file order)"
+    # the fields the walk's studies refuse everywhere: walked where they are used
+    for path, enabling in ENABLING.items():
+        base = copy.deepcopy(BASE)
+        base["corpus"] = {"name": "wmt14_en_de"}
+        for where, value in enabling.items():
+            put(base, where, value)
+        given = copy.deepcopy(base)
+        put(given, path, other_value(path, dict(settings.fields())[path], settings.default(path), "wmt14_en_de"))
+        FED[path] = fed(job_params(study(base)), job_params(study(given)))
+    rules = set()
+    for name in os.listdir(os.path.join(wf.ROOT, "recipes", "rules")):
+        with open(os.path.join(wf.ROOT, "recipes", "rules", name), encoding="utf-8") as f:
+            rules.update(re.findall(r"^\s*rule (\w+):", f.read(), re.M))
+    walked = {path for path, _ in settings.fields()} - {"corpus.name", "train.recipe"}
+    assert set(settings.FEEDS) == walked | {"corpus.name", "train.recipe"} & set(settings.FEEDS)
+    wrong = {path: (sorted(settings.FEEDS.get(path, ())), sorted(FED[path])) for path in walked
+             if settings.FEEDS.get(path) != FED[path]}
+    assert not wrong, f"field: (declared, derived): {wrong}"
+    assert set().union(*settings.FEEDS.values()) <= rules
+    # a field that makes no model, decode or score feeds the report's record at most
+    assert all(settings.FEEDS[path] <= {"study_config"} for path in settings.NO_JOB)

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from posenc_workflow.corpus import files_data_dir
@@ -45,14 +46,19 @@ STUDY = {
                "bpe_size": 60, "workers": 1},
     "split": {"train_below": 12, "bins": [12, 16], "unit": "words"},
     "models": {"arch": "tiny", "encodings": ["sinusoidal", "alibi"]},
-    "train": {"device": "cpu", "max_update": 3, "save_interval_updates": 1000, "max_tokens": 1000, "batch_target": 1000,
+    "train": {"device": "cpu", "max_update": 9, "save_interval_updates": 1000, "max_tokens": 1000, "batch_target": 1000,
               "lr": 0.005, "dropout": 0.1, "warmup_updates": 2},
-    # epochs of one update (71 short training pairs); a beam of 1: an untrained model decodes to its length limit
-    "evaluate": {"checkpoints": "epoch", "average": 1, "beam": 1},
+    # epochs of 3 updates (71 short training pairs), the last 2 averaged; a beam of 1: an untrained
+    # model decodes to its length limit
+    "evaluate": {"checkpoints": "epoch", "average": 2, "beam": 1},
 }
 
 
-def test_a_study_of_plain_files_with_a_split_and_two_named_test_sets_runs_to_its_report(tmp_path):
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """The study of STUDY run to its report through run.sh, with its dry run before: (the checkout,
+    the working directory, the dry run's output, the run's, the pairs of train, news and talks)."""
+    tmp_path = tmp_path_factory.mktemp("files")
     root = str(checkout(tmp_path))
     work = tmp_path / "work"
     work.mkdir()
@@ -60,27 +66,59 @@ def test_a_study_of_plain_files_with_a_split_and_two_named_test_sets_runs_to_its
     news = write_plain_pairs(str(work / "news"), 5, "de", "en", seed=2, lengths=(3, 6))
     talks = write_plain_pairs(str(work / "talks"), 3, "de", "en", seed=3, lengths=(3, 6))
     write_study(work / "study.yaml", STUDY)
+    dry = ok(run_sh(root, work, "files", "study.yaml", "-n"))
+    assert not (work / "study").exists()
+    out = ok(run_sh(root, work, "files", "study.yaml", "-c2"))
+    return root, work, dry, out, train, news, talks
 
+
+def planned(root, work, study, *args):
+    """{rule: jobs} of a dry run of ``study`` (written to edited.yaml) through run.sh: {} when
+    nothing is to be done."""
+    write_study(work / "edited.yaml", study)
+    dry = ok(run_sh(root, work, "files", "edited.yaml", "-n", *args))
+    if "Job stats:" not in dry:
+        assert "Nothing to be done" in dry, dry[-2000:]
+        return {}
+    table = dry.split("Job stats:")[1].split("Reasons")[0]
+    return {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", table, re.M) if rule != "total"}
+
+
+def edited(**changes):
+    """STUDY with ``section__field=value`` changed (``section=value`` replaces a section)."""
+    out = json.loads(json.dumps(STUDY))
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            out[section][field] = value
+        else:
+            out[section] = value
+    return out
+
+
+def test_a_study_of_plain_files_with_a_split_and_two_named_test_sets_runs_to_its_report(finished):
+    root, work, dry, out, train, news, talks = finished
     # the dry run: the plan's training pairs counted in the files (sources under 12 words, less
     # every 100th as validation), no job run
-    dry = ok(run_sh(root, work, "files", "study.yaml", "-n"))
     short = [t for s, t in train if len(s.split()) < 12]
     pairs, words = len(short) - len(short) // 100, sum(len(t.split()) for t in short)
     assert f"({pairs:,} training pairs (counted in train.en (sources under 12 words): {len(short):,} lines, " \
            f"{words:,} target words)" in dry
     stats = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.split("Job stats:")[1].split("Reasons")[0], re.M))
     assert stats["train"] == "2" and stats["decode"] == stats["score"] == "6" and stats["length_report"] == "3"
-    assert not (work / "study").exists()
-
-    out = ok(run_sh(root, work, "files", "study.yaml", "-c2"))
     # the disk check ran before the text was written
     assert "| disk: the prepared corpus (9.2x the " in out
     data = next(p for p in (work / "data").iterdir())
     assert data.name.startswith("files_de_en_")
-    # each named test set prepared and binarized apart: fairseq's test and test1 subsets
-    assert lines(data / "test.news.raw.en") == [t for _, t in news]
-    assert {"test.de-en.de.idx", "test1.de-en.de.idx"} <= set(os.listdir(data / "data-bin"))
     study = work / "study"
+    # each named test set prepared and binarized apart, under the study, with the corpus's dictionaries
+    assert lines(study / "tests" / "news" / "data" / "test.raw.en") == [t for _, t in news]
+    assert not any(name.startswith("test") for name in os.listdir(data / "data-bin"))
+    for name in ("news", "talks"):
+        binarized = study / "tests" / name / "data" / "data-bin"
+        assert {"test.de-en.de.idx", "test.de-en.en.idx"} <= set(os.listdir(binarized))
+        assert all((binarized / f"dict.{lang}.txt").read_bytes() == (data / "data-bin" / f"dict.{lang}.txt").read_bytes()
+                   for lang in ("de", "en"))
     results = lines(study / "results.txt")
     assert len(results) == 12  # 2 models x 3 test sets x (SacreBLEU, tokenized BLEU)
     # the split's test set: the training pairs of 12 words or more (less the validation's)
@@ -111,8 +149,15 @@ def test_a_study_of_plain_files_with_a_split_and_two_named_test_sets_runs_to_its
     assert {b["bin"] for b in report["bins"]} <= {"[1,10)", "[10,20)", "[20,30)", "[30,40)", "[40,inf)"}
 
     # an edit of the split's script: the split and what follows it, nothing of the corpus before it
-    edit(os.path.join(root, "scripts", "length_split.py"))
-    dry = ok(run_sh(root, work, "files", "study.yaml", "-n"))
+    script = os.path.join(root, "scripts", "length_split.py")
+    with open(script, encoding="utf-8") as f:
+        original = f.read()
+    edit(script)
+    try:
+        dry = ok(run_sh(root, work, "files", "study.yaml", "-n"))
+    finally:  # the other tests' dry runs read the same finished study
+        with open(script, "w", encoding="utf-8") as f:
+            f.write(original)
     ran = set(re.findall(r"^(?:local)?rule (\w+):", dry, re.M))
     assert {"length_split", "train", "decode"} <= ran and not ran & {"gather", "tokenize", "segment", "binarize"}
 
@@ -129,6 +174,59 @@ def test_a_study_of_plain_files_with_a_split_and_two_named_test_sets_runs_to_its
     defaults = {"bpe": "subword-nmt", "tokenize": "moses"}  # as the schema fills them in
     assert data.name == os.path.basename(files_data_dir({**STUDY["corpus"], **defaults}, "de", "en")) != \
         os.path.basename(files_data_dir({**other["corpus"], **defaults}, "de", "en"))
+
+
+# what the report of one test set runs (a named one: its model's files beside its decodes)
+DECODE = {"decode", "detok", "score"}
+
+
+def test_adding_a_test_set_prepares_decodes_and_reports_only_it(finished):
+    root, work, *_ = finished
+    write_plain_pairs(str(work / "forum"), 4, "de", "en", seed=4, lengths=(3, 6))
+    study = json.loads(json.dumps(STUDY))
+    study["corpus"]["test"]["forum"] = {"src": "forum.de", "tgt": "forum.en"}
+    # its preparation; per row its decode, detok, score and the model's files beside them; its
+    # length report; the results of every test set (one file)
+    assert planned(root, work, study) == {"prepare_test": 1, "test_model": 2, "decode": 2, "detok": 2, "score": 2,
+                                          "study_config": 1, "length_report": 1, "results": 1, "all": 1}
+    # removed: the results only; renamed: as added
+    del study["corpus"]["test"]["forum"]
+    del study["corpus"]["test"]["talks"]
+    assert planned(root, work, study) == {"results": 1, "all": 1}
+    study["corpus"]["test"]["chats"] = {"src": "talks.de", "tgt": "talks.en"}
+    assert planned(root, work, study)["prepare_test"] == 1 and "train" not in planned(root, work, study)
+
+
+def test_another_average_trains_nothing_and_one_past_the_kept_checkpoints_is_refused(finished):
+    root, work, *_ = finished
+    # 3 epochs, the last 2 kept: 1 averages again, and what follows the averages
+    assert planned(root, work, edited(evaluate__average=1)) == {
+        "average": 2, "label": 2, "test_model": 4, "decode": 6, "detok": 6, "score": 6, "length_report": 3,
+        "results": 1, "all": 1}
+    write_study(work / "edited.yaml", edited(evaluate__average=3))
+    proc = run_sh(root, work, "files", "edited.yaml", "-n")
+    refusal = [line for line in (proc.stdout + proc.stderr).splitlines() if "configuration refused" in line]
+    assert proc.returncode != 0 and len(refusal) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "evaluate.average 3 (epoch checkpoints): more than the finished trainings kept (sinusoidal/seed1 kept 2, " \
+           "alibi/seed1 kept 2); lower it, or train them again: delete their checkpoint directories (study/checkpoints/" \
+           in refusal[0]
+
+
+def test_each_edit_plans_the_jobs_it_feeds(finished):
+    root, work, *_ = finished
+    assert planned(root, work, STUDY) == {}
+    # a seed: its models' jobs; the reports of every test set (their rows gain a seed)
+    seeds = planned(root, work, edited(models={**STUDY["models"], "seeds": [1, 2]}))
+    assert seeds == {"train": 2, "average": 2, "label": 2, "test_model": 4, "decode": 6, "detok": 6, "score": 6,
+                     "study_config": 3, "length_report": 3, "results": 1, "all": 1}
+    # the beam: decodes on, never a training
+    beam = planned(root, work, edited(evaluate={**STUDY["evaluate"], "beam": 2}))
+    assert beam == {"decode": 6, "detok": 6, "score": 6, "length_report": 3, "results": 1, "all": 1}
+    # the report's bins: the reports only (the split's report reads split.bins, report.bins the named sets')
+    bins = planned(root, work, edited(report={"bins": [1, 5, 9]}))
+    assert bins == {"study_config": 3, "length_report": 3, "all": 1}
+    # a job's threads: nothing
+    assert planned(root, work, edited(train={**STUDY["train"], "threads": 2})) == {}
 
 
 def test_a_sacrebleu_test_set_is_read_from_sacrebleus_cache(tmp_path):
