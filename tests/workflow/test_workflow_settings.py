@@ -1,7 +1,11 @@
 """recipes/Snakefile's refusals before any job, through Snakemake and recipes/run.sh as a user runs
-them: a configuration the schema refuses (one line per error, no schema), and a study of
-train.device gpu run here on a machine without a GPU (its dry run plans it)."""
+them: a configuration the schema refuses (one line per error, no schema), a study of train.device
+gpu run here on a machine without a GPU (its dry run plans it), study files among run.sh's options
+(a file that is no YAML: one line)."""
 import os
+import re
+import subprocess
+import sys
 
 import yaml
 
@@ -30,6 +34,11 @@ def write(path, data):
         yaml.safe_dump(data, f)
 
 
+def jobs(out):
+    """The dry run's job counts, by rule."""
+    return dict(re.findall(r"^(\w+)\s+(\d+)$", out.split("Job stats:")[1].split("Reasons")[0], re.M))
+
+
 def test_a_gpu_study_run_here_without_a_gpu_is_refused_before_any_job_but_planned(tmp_path):
     # through run.sh, which passes --resources=gpus=0 here: Snakemake cuts each job's gpus to it
     work = str(tmp_path)
@@ -51,3 +60,36 @@ def test_a_gpu_study_run_here_without_a_gpu_is_refused_before_any_job_but_planne
     ok(run_sh(REPO, work, "demo", "cpu.yaml", target("sinusoidal"), env=NO_GPU, stub=True))
     assert [c["to"] for c in calls(work)] == [STUDY["train"]["max_update"]]
     assert os.path.exists(os.path.join(work, target("sinusoidal")))
+
+
+def run_args(cwd, *args):
+    return subprocess.run([sys.executable, os.path.join(REPO, "recipes", "posenc_workflow", "run_args.py"), *args],
+                          cwd=cwd, capture_output=True, text=True)
+
+
+def test_run_sh_takes_study_files_among_its_options_not_an_options_value(tmp_path):
+    for name in ("a.yaml", "b.yml", "p.yaml", "c.yaml"):
+        write(tmp_path / name, {"out": name})
+    # (positions from 0) -n takes nothing, --profile and --report one, --config KEY=VALUE words
+    # only, --configfile every word up to the next option; missing.yaml is no file, a target
+    args = ["-n", "a.yaml", "--profile", "p.yaml", "--config", "x=1", "b.yml", "-c2", "c.yaml", "--report",
+            "p.yaml", "--configfile", "p.yaml", "c.yaml", "-p", "missing.yaml", "--", "a.yaml"]
+    assert run_args(tmp_path, *args).stdout == "1 6 8\n"
+    assert run_args(tmp_path, "a.yaml", "b.yml", "-n").stdout == "0 1\n"  # no option before them: no parser read
+    assert run_args(tmp_path, "--dry", "a.yaml", "-c", "4", "b.yml", "-j4", "c.yaml").stdout == "1 4 6\n"
+    # through run.sh: a study file after -n plans as before it
+    write(tmp_path / "study.yaml", STUDY)
+    after, before = (ok(run_sh(REPO, str(tmp_path), "demo", *args)) for args in (["study.yaml", "-n"], ["-n", "study.yaml"]))
+    assert jobs(after) == jobs(before) == {"toy_corpus": "1", "train": "1", "average": "1", "decode": "1",
+                                           "label": "1", "study_config": "1", "demo_report": "1", "all": "1",
+                                           "total": "8"}, after
+
+
+def test_a_study_files_syntax_error_is_one_line_naming_its_file_and_line(tmp_path):
+    (tmp_path / "mine.yaml").write_text("models:\n  arch: tiny\n  encodings: [rope, alibi\ntrain: {}\n")
+    proc = run_sh(REPO, str(tmp_path), "files", "-n", "mine.yaml")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == "run.sh: mine.yaml line 4: expected ',' or ']', but got ':'\n"
+    (tmp_path / "list.yaml").write_text("- models\n")
+    proc = run_sh(REPO, str(tmp_path), "files", "list.yaml", "-n")
+    assert proc.stderr == "run.sh: list.yaml: a list, not settings (section: {field: value})\n"
