@@ -1,7 +1,7 @@
 """recipes/Snakefile's refusals before any job, through Snakemake and recipes/run.sh as a user runs
-them: a configuration the schema refuses (one line per error, no schema), a study of train.device
-gpu run here on a machine without a GPU (its dry run plans it), study files among run.sh's options
-(a file that is no YAML: one line)."""
+them: a configuration the schema refuses (one line per error naming its file, no schema), a study of
+train.device gpu run here on a machine without a GPU (its dry run plans it), the corpus's own file's
+values as that corpus's defaults (not refused as the user's), study files among run.sh's options."""
 import os
 import re
 import subprocess
@@ -10,6 +10,7 @@ import sys
 import yaml
 
 from helpers.snakemake_runs import REPO, STUDY, calls, ok, run_sh, snakemake, study, target
+from helpers.toy_archives import write_plain_pairs
 
 # no GPU here, whatever the machine has: CUDA_VISIBLE_DEVICES empty, as recipes/run.sh counts them
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
@@ -22,9 +23,9 @@ def test_a_misspelled_key_is_one_line_naming_the_close_match_not_the_schema(tmp_
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     errors = out.split("configuration refused by recipes/conf/schema.yaml:\n")[1].splitlines()[:3]
-    assert errors == ["modles: not a setting; did you mean models?",
-                      "evaluate.beam: 0 is less than the minimum of 1",
-                      "train.max_updates: not a setting of train; did you mean max_update?"]
+    assert errors == ["modles (study.yaml): not a setting; did you mean models?",
+                      "evaluate.beam (study.yaml): 0 is less than the minimum of 1",
+                      "train.max_updates (study.yaml): not a setting of train; did you mean max_update?"]
     # no schema: its descriptions and keywords are nowhere in the output, which is a few lines
     assert "description" not in out and "additionalProperties" not in out and len(out.splitlines()) < 20, out
 
@@ -93,3 +94,34 @@ def test_a_study_files_syntax_error_is_one_line_naming_its_file_and_line(tmp_pat
     (tmp_path / "list.yaml").write_text("- models\n")
     proc = run_sh(REPO, str(tmp_path), "files", "list.yaml", "-n")
     assert proc.stderr == "run.sh: list.yaml: a list, not settings (section: {field: value})\n"
+
+
+FILES = {"out": "study", "corpus": {"pair": "de-en", "train": {"src": "train.de", "tgt": "train.en"},
+                                    "test": {"mine": {"src": "test.de", "tgt": "test.en"}}}}
+
+
+def test_the_corpus_files_values_are_its_defaults_not_the_users_and_a_refusal_names_its_file(tmp_path):
+    work = str(tmp_path)
+    for part, count in (("train", 100), ("test", 5)):
+        write_plain_pairs(str(tmp_path / part), count, "de", "en")
+    # files.yaml's batch_target 4096 and baseline sinusoidal are the corpus's: the user's batch
+    # (max_tokens and update_freq) and rows without sinusoidal are not refused for them; the
+    # report's baseline is the schema's default's (sinusoidal if a row, else the first)
+    write(tmp_path / "mine.yaml", {**FILES, "models": {"encodings": ["rope", "alibi"]},
+                                   "train": {"max_tokens": 256, "update_freq": 1}})
+    out = ok(run_sh(REPO, work, "files", "mine.yaml", "-n", "-p"))
+    assert jobs(out)["train"] == "2" and "--max-tokens 256 --update-freq 1" in out
+    assert '"baseline": null' in out and '"batch_target": 4096' in out
+    # the same given by the user: refused, naming the file
+    write(tmp_path / "given.yaml", {"train": {"batch_target": 4096}, "models": {"baseline": "sinusoidal"}})
+    proc = run_sh(REPO, work, "files", "mine.yaml", "given.yaml", "-n")
+    refusal = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "configuration refused" in line]
+    assert proc.returncode != 0 and refusal == [
+        "configuration refused: train.batch_target 4096 (given.yaml): train.max_tokens and train.update_freq are "
+        "both set: nothing is chosen for it"]
+    # a value of the corpus's file that the user's settings cannot run with: refused, naming that file
+    proc = run_sh(REPO, work, "files", "mine.yaml", "-n", "--config", "train={'recipe': 'toy', 'max_tokens': 256}")
+    refusal = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "configuration refused" in line]
+    assert proc.returncode != 0 and refusal == [
+        "configuration refused: models.arch iwslt (recipes/conf/files.yaml): train.recipe toy trains "
+        "transformer_posenc at the sizes tiny, small, medium, base (scaling_nmt trains fairseq's iwslt)"]
