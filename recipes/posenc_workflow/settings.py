@@ -3,7 +3,9 @@ of the study's jobs (fairseq-train's and fairseq-generate's arguments, the prepa
 the params Snakemake runs a job again for), or reaches no model and no job on purpose
 (:data:`NO_JOB`, each with its reason), or is refused in one line by :func:`check` where the
 study's recipe, corpus or device would not use it and the user gave it a value other than its
-default. tests/workflow/test_settings_walk.py walks every field of the schema for every recipe and corpus.
+default (the user: the study files and --config, not the corpus's own recipes/conf/CORPUS.yaml, whose
+values are that corpus's defaults: :func:`given`; a refusal names the file, :func:`naming_files`).
+tests/workflow/test_settings_walk.py walks every field of the schema for every recipe and corpus.
 """
 import copy
 import functools
@@ -159,13 +161,6 @@ def schema_errors(config: dict) -> List[str]:
 
 
 # -- where each value came from: the corpus's own file, a study file or --config -----------------
-class Given(dict):
-    """The configuration as the user gave it (their study files and --config, not the values of the
-    corpus's own file), and ``origins``: each setting's path -> the file (or --config) that gave it."""
-
-    origins: Dict[str, str] = {}
-
-
 def label(path: str, repo: str) -> str:
     """``path`` as the user would name it: from the working directory, else from the checkout."""
     path = os.path.abspath(path)
@@ -209,9 +204,10 @@ def origins(configfiles: Sequence[str], overrides: Mapping, repo: str) -> Dict[s
     return out
 
 
-def given(config: dict, where: Dict[str, str], defaults: Optional[str]) -> Given:
-    """``config`` (the merged files and --config, before the schema's defaults) less what only the
-    file labelled ``defaults`` (the corpus's own) gave."""
+def given(config: dict, where: Dict[str, str], defaults: Optional[str]) -> dict:
+    """What the user gave (:func:`check`'s ``given``): ``config`` (the merged files and --config,
+    before the schema's defaults) less what only the file labelled ``defaults`` (the corpus's own)
+    gave, ``where`` being :func:`origins`."""
 
     def keep(node, prefix):
         out = {}
@@ -225,9 +221,7 @@ def given(config: dict, where: Dict[str, str], defaults: Optional[str]) -> Given
                 out[key] = copy.deepcopy(value)
         return out
 
-    result = Given(keep(config, ""))
-    result.origins = where
-    return result
+    return keep(config, "")
 
 
 #: the settings that name a row: a corpus's file's yields to the schema's default where the user's rows lack it

@@ -80,7 +80,8 @@ def test_run_sh_takes_study_files_among_its_options_not_an_options_value(tmp_pat
     assert run_args(tmp_path, "--dry", "a.yaml", "-c", "4", "b.yml", "-j4", "c.yaml").stdout == "1 4 6\n"
     # through run.sh: a study file after -n plans as before it
     write(tmp_path / "study.yaml", STUDY)
-    after, before = (ok(run_sh(REPO, str(tmp_path), "demo", *args)) for args in (["study.yaml", "-n"], ["-n", "study.yaml"]))
+    after, before = (ok(run_sh(REPO, str(tmp_path), "demo", *order)) for order in (["study.yaml", "-n"],
+                                                                                   ["-n", "study.yaml"]))
     assert jobs(after) == jobs(before) == {"toy_corpus": "1", "train": "1", "average": "1", "decode": "1",
                                            "label": "1", "study_config": "1", "demo_report": "1", "all": "1",
                                            "total": "8"}, after
