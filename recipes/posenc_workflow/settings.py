@@ -3,12 +3,15 @@ of the study's jobs (fairseq-train's and fairseq-generate's arguments, the prepa
 the params Snakemake runs a job again for), or reaches no model and no job on purpose
 (:data:`NO_JOB`, each with its reason), or is refused in one line by :func:`check` where the
 study's recipe, corpus or device would not use it and the user gave it a value other than its
-default. tests/workflow/test_settings_walk.py walks every field of the schema for every recipe and corpus.
+default (the user: the study files and --config, not the corpus's own recipes/conf/CORPUS.yaml, whose
+values are that corpus's defaults: :func:`given`; a refusal names the file, :func:`naming_files`).
+tests/workflow/test_settings_walk.py walks every field of the schema for every recipe and corpus.
 """
+import copy
 import functools
 import json
 import os
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from posenc_workflow.workflow import ROOT, VANILLA, ConfigError
 
@@ -200,3 +203,104 @@ def schema_errors(config: dict) -> List[str]:
             message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
             lines.append(f"{path or 'the configuration'}: {message}")
     return lines
+
+
+# -- where each value came from: the corpus's own file, a study file or --config -----------------
+def label(path: str, repo: str) -> str:
+    """``path`` as the user would name it: from the working directory, else from the checkout."""
+    path = os.path.abspath(path)
+    for base in (os.getcwd(), repo):
+        relative = os.path.relpath(path, base)
+        if not relative.startswith(".."):
+            return relative
+    return path
+
+
+def corpus_file(configfiles: Sequence[str], recipes: str) -> Optional[str]:
+    """The corpus's own file, recipes/conf/NAME.yaml of a recipes/NAME/run.sh, where it is the first
+    config file (recipes/run.sh passes it first): its values are the corpus's defaults."""
+    if configfiles:
+        first = os.path.abspath(configfiles[0])
+        name = os.path.splitext(os.path.basename(first))[0]
+        if os.path.basename(os.path.dirname(first)) == "conf" and os.path.isfile(os.path.join(recipes, name, "run.sh")):
+            return first
+    return None
+
+
+def origins(configfiles: Sequence[str], overrides: Mapping, repo: str) -> Dict[str, str]:
+    """path -> what gave it last (Snakemake merges the config files in order, then --config), for
+    every key of every section."""
+    import yaml
+
+    out: Dict[str, str] = {}
+
+    def walk(node, prefix, where):
+        for key, value in node.items():
+            out[prefix + str(key)] = where
+            if isinstance(value, Mapping):
+                walk(value, f"{prefix}{key}.", where)
+
+    for path in configfiles:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+        if isinstance(data, dict):
+            walk(data, "", label(path, repo))
+    walk(overrides or {}, "", "--config")
+    return out
+
+
+def given(config: dict, where: Dict[str, str], defaults: Optional[str]) -> dict:
+    """What the user gave (:func:`check`'s ``given``): ``config`` (the merged files and --config,
+    before the schema's defaults) less what only the file labelled ``defaults`` (the corpus's own)
+    gave, ``where`` being :func:`origins`."""
+
+    def keep(node, prefix):
+        out = {}
+        for key, value in node.items():
+            path = prefix + key
+            if isinstance(value, dict) and value:
+                kept = keep(value, path + ".")
+                if kept or defaults is None or where.get(path) != defaults:
+                    out[key] = kept
+            elif defaults is None or where.get(path) != defaults:
+                out[key] = copy.deepcopy(value)
+        return out
+
+    return keep(config, "")
+
+
+#: the settings that name a row: a corpus's file's yields to the schema's default where the user's rows lack it
+ROW_SETTINGS = ("models.baseline", "warm_start.start")
+
+
+def corpus_rows_yield(config: dict, given_: dict) -> None:
+    """A row the corpus's own file names (files.yaml's baseline sinusoidal) and the user's
+    models.encodings lack is that corpus's default, not the user's choice: the schema's default
+    takes its place (the report's baseline: sinusoidal if a row, else the first)."""
+    from posenc_workflow.workflow import parse_rows
+
+    names = {VANILLA} | {name for row in parse_rows(config["models"]["encodings"]) for name in (row.spec, row.slug)}
+    for path in ROW_SETTINGS:
+        value = value_at(config, path)
+        if value not in (ABSENT, None) and value not in names and value_at(given_, path) is ABSENT:
+            *sections, name = path.split(".")
+            node = config
+            for section in sections:
+                node = node[section]
+            node[name] = default(path)
+
+
+def naming_files(message: str, config: dict, where: Dict[str, str]) -> str:
+    """A refusal that starts with a setting's path, or its path and value, then ":" (or " is "),
+    with the file that gave the value after them: "models.arch iwslt (recipes/conf/files.yaml): ..."."""
+    path = message.split(" ", 1)[0].rstrip(":")
+    if path not in where:
+        return message
+    heads = [path]
+    value = value_at(config, path)
+    if value is not ABSENT:
+        heads = [f"{path} {text}" for text in (json.dumps(value), str(value), repr(value))] + heads
+    for head in heads:
+        if message.startswith(head) and message[len(head):].startswith((":", " is ")):
+            return f"{head} ({where[path]}){message[len(head):]}"
+    return message

@@ -35,6 +35,19 @@ def snakemake(workdir, study, *args, env=None, timeout=300, stub=True, snakefile
                                "OMP_NUM_THREADS": "1", **(env or {})})
 
 
+def run_sh(root, workdir, corpus, *args, timeout=900, env=None, stub=False):
+    """``bash ROOT/recipes/run.sh CORPUS ARGS...`` in ``workdir``, fairseq's commands from this Python
+    (with the stub fairseq-train first where ``stub``)."""
+    path = f"{STUBS + ':' if stub else ''}{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    return subprocess.run(["bash", os.path.join(root, "recipes", "run.sh"), corpus, *args], cwd=workdir,
+                          capture_output=True, text=True, timeout=timeout, start_new_session=True,
+                          env={**os.environ, "PATH": path, "OMP_NUM_THREADS": "1",
+                               "STUB_LOG": os.path.join(workdir, "calls.jsonl"),
+                               # the checkout's packages, as its own install imports them
+                               "PYTHONPATH": os.pathsep.join([str(root), os.path.join(root, "recipes")]),
+                               **(env or {})})
+
+
 def ok(proc):
     assert proc.returncode == 0, proc.stdout[-3000:] + "\n---\n" + proc.stderr[-5000:]
     return proc.stdout + proc.stderr

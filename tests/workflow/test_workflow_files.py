@@ -14,20 +14,8 @@ import pytest
 import yaml
 
 from posenc_workflow.corpus import files_data_dir
-from helpers.snakemake_runs import REPO, checkout, edit, ok
+from helpers.snakemake_runs import REPO, checkout, edit, ok, run_sh
 from helpers.toy_archives import write_plain_pairs
-
-BIN = os.path.dirname(sys.executable)
-
-
-def run_sh(root, workdir, corpus, *args, timeout=900):
-    """``bash ROOT/recipes/run.sh CORPUS ARGS...`` in ``workdir``, fairseq's commands from this Python."""
-    return subprocess.run(["bash", os.path.join(root, "recipes", "run.sh"), corpus, *args], cwd=workdir,
-                          capture_output=True, text=True, timeout=timeout, start_new_session=True,
-                          env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
-                               # the checkout's packages, as its own install imports them
-                               "PYTHONPATH": os.pathsep.join([str(root), os.path.join(root, "recipes")])})
-
 
 def lines(path):
     with open(path, encoding="utf-8") as f:
