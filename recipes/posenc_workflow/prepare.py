@@ -14,7 +14,8 @@ pair validates (``valid: split``) or the official set does; joint BPE learned on
 part; training pairs cleaned to 1-250 BPE tokens with ratio 1.5; the test set kept whole.
 
 Your own files (``corpus.name: files``): ``gather`` copies them (and reads a sacrebleu test set
-by name from sacrebleu's cache, downloading it there if missing) into DATA/raw/, then the WMT
+by name from sacrebleu's cache, downloading it there if missing) into DATA/raw/, UTF-8 lines ended
+by \n (Windows' \r\n taken; a \r inside a line refused, naming the file and line), then the WMT
 steps run on them, with every test set prepared apart (DATA/test.NAME.*, binarized as fairseq's
 test, test1, ... subsets); ``tokenize: none`` keeps text that is already tokenized as it is.
 
@@ -87,21 +88,58 @@ def _sacrebleu_pair(name: str, src: str, tgt: str):
         raise PrepareError(f"sacrebleu test set {name} {src}-{tgt}: {e}") from None
 
 
+def _setting(split: str, side: str) -> str:
+    """The study's setting a gathered file came from: corpus.train.src, corpus.test.NAME.tgt."""
+    return f"corpus.{split}.{side}"
+
+
+def _copy_text(path: str, dst: str, where: str) -> int:
+    """PATH copied to DST line by line, its lines ending in \n (CRLF's \r dropped, a last line
+    ended): the line count of ``wc -l``, subword-nmt and fairseq-preprocess (whose readers split
+    at a lone \r too) is the same; its count of lines. A line that is not UTF-8, or holds a
+    \r before its end, is refused naming PATH and the line (WHERE: the setting it came from)."""
+    with open(path, "rb") as f, open(dst, "wb") as out:
+        number = 0
+        for number, line in enumerate(f, 1):
+            line = line[:-2] if line.endswith(b"\r\n") else line.rstrip(b"\n")
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise PrepareError(f"{where} {path} line {number}: not UTF-8 at byte {e.start + 1} of the line "
+                                   f"(0x{line[e.start]:02x}: {e.reason}): convert the file to UTF-8 "
+                                   "(iconv -f ITS-ENCODING -t UTF-8)") from None
+            if b"\r" in line:
+                raise PrepareError(f"{where} {path} line {number}: a carriage return (\\r) inside the line, where "
+                                   "some tools split lines and others do not (the pairs would shift): remove it "
+                                   "(or, where \\r ends lines, convert them: tr '\\r' '\\n')")
+            out.write(line + b"\n")
+    return number
+
+
 def gather(data: str, s: Dict):
     """DATA/raw/SPLIT.{src,tgt} of a files corpus: each split's pair of files (or sacrebleu's test
-    set), refused when its two sides differ in lines."""
+    set) as UTF-8 lines ended by \n, refused when its two sides differ in lines."""
     raw = os.path.join(data, "raw")
     os.makedirs(raw, exist_ok=True)
     for split, where in s["splits"].items():
         pair = _sacrebleu_pair(where["sacrebleu"], s["src"], s["tgt"]) if "sacrebleu" in where else \
             (where["src"], where["tgt"])
-        counts = [_lines(path) for path in pair]
+        outs = [os.path.join(raw, f"{split}.{lang}") for lang in (s["src"], s["tgt"])]
+        try:
+            counts = [_copy_text(path, out + ".tmp", _setting(split, side))
+                      for path, out, side in zip(pair, outs, ("src", "tgt"))]
+        except PrepareError:
+            for out in outs:
+                if os.path.exists(out + ".tmp"):
+                    os.remove(out + ".tmp")
+            raise
         if counts[0] != counts[1] or not counts[0]:
+            for out in outs:
+                os.remove(out + ".tmp")
             raise PrepareError(f"{split}: {pair[0]} has {counts[0]} lines, {pair[1]} {counts[1]}: a pair is a "
                                "line of each, and there must be one")
-        for path, lang in zip(pair, (s["src"], s["tgt"])):
-            shutil.copyfile(path, os.path.join(raw, f"{split}.{lang}.tmp"))
-            os.replace(os.path.join(raw, f"{split}.{lang}.tmp"), os.path.join(raw, f"{split}.{lang}"))
+        for out in outs:
+            os.replace(out + ".tmp", out)
         print(f"| {split}: {counts[0]} pairs ({pair[0]}, {pair[1]})", flush=True)
 
 

@@ -155,3 +155,57 @@ def test_a_sacrebleu_test_set_is_read_from_sacrebleus_cache(tmp_path):
                           env={**os.environ, "SACREBLEU": str(tmp_path / "sacrebleu")})
     assert proc.returncode == 2 and proc.stderr.startswith("prepare.py gather: error: sacrebleu test set wmt14 xx-en")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _gather(data, splits, src="de", tgt="en"):
+    """prepare.py gather in DATA's parent folder (the files' paths as a study gives them)."""
+    prepare = os.path.join(REPO, "recipes", "posenc_workflow", "prepare.py")
+    return subprocess.run([sys.executable, prepare, "gather", "--data", str(data), "--settings",
+                           json.dumps({"src": src, "tgt": tgt, "splits": splits})], capture_output=True,
+                          cwd=os.path.dirname(data))
+
+
+def test_gather_ends_every_line_in_a_newline_and_refuses_bytes_other_tools_split_or_cannot_read(tmp_path):
+    # Windows line endings (and a last line without one): taken, each line ended by \n alone
+    (tmp_path / "a.de").write_bytes(b"ein haus\r\nzwei katzen\r\ndrei")
+    (tmp_path / "a.en").write_bytes(b"a house\ntwo cats\r\nthree")
+    proc = _gather(tmp_path / "data", {"train": {"src": str(tmp_path / "a.de"), "tgt": str(tmp_path / "a.en")}})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "data" / "raw" / "train.de").read_bytes() == b"ein haus\nzwei katzen\ndrei\n"
+    assert (tmp_path / "data" / "raw" / "train.en").read_bytes() == b"a house\ntwo cats\nthree\n"
+    # a byte that is not UTF-8, a carriage return inside a line: one line naming the setting, the
+    # file as given and the line; nothing written
+    (tmp_path / "b.en").write_bytes(b"one\ntwo\nthree\n")
+    for text, problem in ((b"eins\nzwei\ndrei caf\xe2x\n", "not UTF-8 at byte 9 of the line (0xe2: invalid continuation "
+                                                         "byte): convert the file to UTF-8 (iconv -f ITS-ENCODING -t UTF-8)"),
+                          (b"eins\nzwei\ndrei\rvier\n", "a carriage return (\\r) inside the line, where some tools split "
+                                                       "lines and others do not (the pairs would shift): remove it (or, "
+                                                       "where \\r ends lines, convert them: tr '\\r' '\\n')")):
+        (tmp_path / "b.de").write_bytes(text)
+        proc = _gather(tmp_path / "bad", {"test.news": {"src": "b.de", "tgt": "b.en"}})
+        assert proc.returncode == 2 and proc.stderr.decode().splitlines() == [
+            f"prepare.py gather: error: corpus.test.news.src b.de line 3: {problem}"]
+        assert os.listdir(tmp_path / "bad" / "raw") == []
+
+
+def test_a_carriage_return_inside_a_line_of_text_already_tokenized_is_refused_naming_the_file_and_line(tmp_path):
+    """Python's text readers (the split of the validation pairs, fairseq-preprocess) end a line at a
+    lone \\r, subword-nmt and wc -l do not: it failed later, on internal files, with line counts."""
+    root = str(checkout(tmp_path))
+    work = tmp_path / "work"
+    work.mkdir()
+    write_plain_pairs(str(work / "train"), 150, "de", "en", seed=1)
+    write_plain_pairs(str(work / "news"), 5, "de", "en", seed=2, lengths=(3, 6))
+    text = (work / "train.de").read_bytes().split(b"\n")
+    text[41] += b" a\rb"
+    (work / "train.de").write_bytes(b"\n".join(text))
+    study = json.loads(json.dumps(STUDY))
+    study["corpus"].update({"tokenize": "none", "test": {"news": {"src": "news.de", "tgt": "news.en"}}})
+    del study["split"]
+    write_study(work / "study.yaml", study)
+    proc = run_sh(root, work, "files", "study.yaml", "-c1")
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "error:" in line]
+    assert proc.returncode != 0 and errors == [
+        "prepare.py gather: error: corpus.train.src train.de line 42: a carriage return (\\r) inside the line, where "
+        "some tools split lines and others do not (the pairs would shift): remove it (or, where \\r ends lines, "
+        "convert them: tr '\\r' '\\n')"]
