@@ -194,9 +194,12 @@ def _learn(data: str, s: Dict, train: List[str], workers: int, joint_vocab: bool
         os.remove(both)
 
 
-def _clean(src: str, tgt: str, out_src: str, out_tgt: str, max_len: int, also=(), also_out=()):
+def _clean(src: str, tgt: str, out_src: str, out_tgt: str, s: Dict, also=(), also_out=()):
+    """Moses' clean-corpus-n with corpus.clean's max_len and ratio (null: any; no ratio in the
+    settings: fairseq's 1.5)."""
+    off = lambda value: "none" if value is None else str(value)  # noqa: E731
     cmd = [sys.executable, TEXT, "clean", "--src", src, "--tgt", tgt, "--out-src", out_src, "--out-tgt", out_tgt,
-           "--ratio", "1.5", "--min-len", "1", "--max-len", str(max_len)]
+           "--ratio", off(s.get("ratio", 1.5)), "--min-len", "1", "--max-len", off(s["max_len"])]
     if also:
         cmd += ["--also", *also, "--also-out", *also_out]
     _run(cmd)
@@ -214,7 +217,7 @@ def segment(data: str, s: Dict, workers: int):
         os.makedirs(p("lc"), exist_ok=True)
         # cleaned before lowercasing and before the split, on the tokens: the split counts cleaned pairs
         _clean(p("tok", f"train.{src}"), p("tok", f"train.{tgt}"), p("clean", f"train.{src}"),
-               p("clean", f"train.{tgt}"), s["max_len"])
+               p("clean", f"train.{tgt}"), s)
         for lang in langs:
             _filter([sys.executable, TEXT, "lowercase"], p("clean", f"train.{lang}"), p("lc", f"train.{lang}"))
             _filter([sys.executable, TEXT, "lowercase"], p("tok", f"test.{lang}"), p("lc", f"test.{lang}"))
@@ -240,11 +243,11 @@ def segment(data: str, s: Dict, workers: int):
                                   *((test, p("tok", f"{test}.{lang}")) for test in tests)):
                 _apply(data, s, source, p("bpe", f"{split}.{lang}"))
         _clean(p("bpe", f"train.{src}"), p("bpe", f"train.{tgt}"), p(f"train.{src}"), p(f"train.{tgt}"),
-               s["max_len"], also=[p("split", f"train.{lang}") for lang in langs],
+               s, also=[p("split", f"train.{lang}") for lang in langs],
                also_out=[p(f"train.tok.{lang}") for lang in langs])
         if s["valid"] == "split":
             _clean(p("bpe", f"valid.{src}"), p("bpe", f"valid.{tgt}"), p(f"valid.{src}"), p(f"valid.{tgt}"),
-                   s["max_len"])
+                   s)
         for lang in langs:
             if s["valid"] != "split":
                 shutil.copyfile(p("bpe", f"valid.{lang}"), p(f"valid.{lang}"))
