@@ -35,10 +35,27 @@ def named_tests(config: dict) -> List[TestSet]:
     return [TestSet(name, "test", "test", f"tests/{name}", dict(files)) for name, files in tests.items()]
 
 
+#: corpus.clean's auto by corpus kind: fairseq's prepare-*.sh (Moses' clean-corpus-n)
+CLEAN_AUTO = {"wmt": {"max_len": 250, "ratio": 1.5}, "files": {"max_len": 250, "ratio": 1.5},
+              "iwslt": {"max_len": 175, "ratio": 1.5}}
+
+
+def _clean_changes(config: dict, style: str) -> Dict:
+    """The fields of corpus.clean that differ from fairseq's rule (auto): none for it, so that the
+    directories, records and params of corpora prepared before corpus.clean existed stay theirs."""
+    auto = CLEAN_AUTO.get(style, {})
+    return {k: v for k, v in (config.get("clean") or {}).items() if v != "auto" and (k not in auto or v != auto[k])}
+
+
+def _preparation(config: dict, style: str) -> Dict:
+    clean = _clean_changes(config, style)
+    return {k: config.get(k) for k in PREPARATION} | ({"clean": clean} if clean else {})
+
+
 def files_data_dir(config: dict, src: str, tgt: str) -> str:
     """A files corpus's directory when corpus.data is not set: named by its preparation settings,
     so that two studies that prepare the same files otherwise never share (nor undo) one."""
-    settings = json.dumps({k: config.get(k) for k in PREPARATION}, sort_keys=True)
+    settings = json.dumps(_preparation(config, "files"), sort_keys=True)
     return os.path.join("data", f"files_{src}_{tgt}_{hashlib.sha1(settings.encode()).hexdigest()[:8]}")
 
 
@@ -54,6 +71,11 @@ class Corpus:
         self.bpe = c["bpe"]
         self.bpe_size = c.get("bpe_size") or study.facts["bpe_size"]
         self.tests = named_tests(c) if self.style == "files" else [TestSet("test", "test", "test", "models")]
+        self.clean_changes = _clean_changes(c, self.style)
+        if self.style == "toy" and self.clean_changes:
+            name, value = next(iter(self.clean_changes.items()))
+            raise ValueError(f"corpus.clean.{name} {json.dumps(value)}: corpus.name toy is the demo's generated pair, "
+                             "which is not cleaned")
         if self.style == "files":
             self._check_files(c)
             self.valid = c.get("valid") or "split"
@@ -196,10 +218,12 @@ class Corpus:
         return json.dumps({**self.settings(), "splits": self.splits(), **self._tests()}, sort_keys=True)
 
     def segment_settings(self) -> str:
+        # the ratio only where it is not fairseq's: the params of corpora prepared before stay as
+        # they were (others would prepare them again, and retrain every model on them)
+        clean = {"max_len": CLEAN_AUTO[self.style]["max_len"], **self.clean_changes}
         return json.dumps({**self.settings(), "bpe": self.bpe, "bpe_size": self.bpe_size,
                            "valid": self.valid if isinstance(self.valid, str) else "given",
-                           "valid_every": self.study.facts["valid_every"],
-                           "max_len": 175 if self.style == "iwslt" else 250, **self._tests()}, sort_keys=True)
+                           "valid_every": self.study.facts["valid_every"], **clean, **self._tests()}, sort_keys=True)
 
     def binarize_settings(self) -> str:
         return json.dumps({**self.settings(), "joined_dictionary": self.style != "iwslt", **self._tests()},
@@ -207,8 +231,7 @@ class Corpus:
 
     def preparation(self) -> Dict:
         """What decides the prepared corpus (the record DATA/prepared.json keeps, prepare.py record)."""
-        c = self.study.config["corpus"]
-        return {k: c.get(k) for k in PREPARATION if k != "bpe_size"} | {"pair": "-".join(self.langs),
+        return _preparation(self.study.config["corpus"], self.style) | {"pair": "-".join(self.langs),
                                                                         "bpe_size": self.bpe_size}
 
     def check_owner(self, out: str):

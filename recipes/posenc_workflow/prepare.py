@@ -15,7 +15,8 @@ pair validates (``valid: split``) or the official set does; joint BPE learned on
 part; training pairs cleaned to 1-250 BPE tokens with ratio 1.5; the test set kept whole.
 
 Your own files (``corpus.name: files``): ``gather`` copies them (and reads a sacrebleu test set
-by name from sacrebleu's cache, downloading it there if missing) into DATA/raw/, then the WMT
+by name from sacrebleu's cache, downloading it there if missing) into DATA/raw/, UTF-8 lines ended
+by \n (Windows' \r\n taken; a \r inside a line refused, naming the file and line), then the WMT
 steps run on them; each named test set is prepared apart (``test``: under the study,
 OUT/tests/NAME/data, with the corpus's BPE and dictionaries); ``tokenize: none`` keeps text that
 is already tokenized as it is.
@@ -89,21 +90,58 @@ def _sacrebleu_pair(name: str, src: str, tgt: str):
         raise PrepareError(f"sacrebleu test set {name} {src}-{tgt}: {e}") from None
 
 
+def _setting(split: str, side: str) -> str:
+    """The study's setting a gathered file came from: corpus.train.src, corpus.test.NAME.tgt."""
+    return f"corpus.{split}.{side}"
+
+
+def _copy_text(path: str, dst: str, where: str) -> int:
+    """PATH copied to DST line by line, its lines ending in \n (CRLF's \r dropped, a last line
+    ended): the line count of ``wc -l``, subword-nmt and fairseq-preprocess (whose readers split
+    at a lone \r too) is the same; its count of lines. A line that is not UTF-8, or holds a
+    \r before its end, is refused naming PATH and the line (WHERE: the setting it came from)."""
+    with open(path, "rb") as f, open(dst, "wb") as out:
+        number = 0
+        for number, line in enumerate(f, 1):
+            line = line[:-2] if line.endswith(b"\r\n") else line.rstrip(b"\n")
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise PrepareError(f"{where} {path} line {number}: not UTF-8 at byte {e.start + 1} of the line "
+                                   f"(0x{line[e.start]:02x}: {e.reason}): convert the file to UTF-8 "
+                                   "(iconv -f ITS-ENCODING -t UTF-8)") from None
+            if b"\r" in line:
+                raise PrepareError(f"{where} {path} line {number}: a carriage return (\\r) inside the line, where "
+                                   "some tools split lines and others do not (the pairs would shift): remove it "
+                                   "(or, where \\r ends lines, convert them: tr '\\r' '\\n')")
+            out.write(line + b"\n")
+    return number
+
+
 def gather(data: str, s: Dict):
     """DATA/raw/SPLIT.{src,tgt} of a files corpus: each split's pair of files (or sacrebleu's test
-    set), refused when its two sides differ in lines."""
+    set) as UTF-8 lines ended by \n, refused when its two sides differ in lines."""
     raw = os.path.join(data, "raw")
     os.makedirs(raw, exist_ok=True)
     for split, where in s["splits"].items():
         pair = _sacrebleu_pair(where["sacrebleu"], s["src"], s["tgt"]) if "sacrebleu" in where else \
             (where["src"], where["tgt"])
-        counts = [_lines(path) for path in pair]
+        outs = [os.path.join(raw, f"{split}.{lang}") for lang in (s["src"], s["tgt"])]
+        try:
+            counts = [_copy_text(path, out + ".tmp", _setting(split, side))
+                      for path, out, side in zip(pair, outs, ("src", "tgt"))]
+        except PrepareError:
+            for out in outs:
+                if os.path.exists(out + ".tmp"):
+                    os.remove(out + ".tmp")
+            raise
         if counts[0] != counts[1] or not counts[0]:
+            for out in outs:
+                os.remove(out + ".tmp")
             raise PrepareError(f"{split}: {pair[0]} has {counts[0]} lines, {pair[1]} {counts[1]}: a pair is a "
                                "line of each, and there must be one")
-        for path, lang in zip(pair, (s["src"], s["tgt"])):
-            shutil.copyfile(path, os.path.join(raw, f"{split}.{lang}.tmp"))
-            os.replace(os.path.join(raw, f"{split}.{lang}.tmp"), os.path.join(raw, f"{split}.{lang}"))
+        for out in outs:
+            os.replace(out + ".tmp", out)
         print(f"| {split}: {counts[0]} pairs ({pair[0]}, {pair[1]})", flush=True)
 
 
@@ -158,9 +196,12 @@ def _learn(data: str, s: Dict, train: List[str], workers: int, joint_vocab: bool
         os.remove(both)
 
 
-def _clean(src: str, tgt: str, out_src: str, out_tgt: str, max_len: int, also=(), also_out=()):
+def _clean(src: str, tgt: str, out_src: str, out_tgt: str, s: Dict, also=(), also_out=()):
+    """Moses' clean-corpus-n with corpus.clean's max_len and ratio (null: any; no ratio in the
+    settings: fairseq's 1.5)."""
+    off = lambda value: "none" if value is None else str(value)  # noqa: E731
     cmd = [sys.executable, TEXT, "clean", "--src", src, "--tgt", tgt, "--out-src", out_src, "--out-tgt", out_tgt,
-           "--ratio", "1.5", "--min-len", "1", "--max-len", str(max_len)]
+           "--ratio", off(s.get("ratio", 1.5)), "--min-len", "1", "--max-len", off(s["max_len"])]
     if also:
         cmd += ["--also", *also, "--also-out", *also_out]
     _run(cmd)
@@ -178,7 +219,7 @@ def segment(data: str, s: Dict, workers: int):
         os.makedirs(p("lc"), exist_ok=True)
         # cleaned before lowercasing and before the split, on the tokens: the split counts cleaned pairs
         _clean(p("tok", f"train.{src}"), p("tok", f"train.{tgt}"), p("clean", f"train.{src}"),
-               p("clean", f"train.{tgt}"), s["max_len"])
+               p("clean", f"train.{tgt}"), s)
         for lang in langs:
             _filter([sys.executable, TEXT, "lowercase"], p("clean", f"train.{lang}"), p("lc", f"train.{lang}"))
             _filter([sys.executable, TEXT, "lowercase"], p("tok", f"test.{lang}"), p("lc", f"test.{lang}"))
@@ -204,11 +245,11 @@ def segment(data: str, s: Dict, workers: int):
                                   *((test, p("tok", f"{test}.{lang}")) for test in tests)):
                 _apply(data, s, source, p("bpe", f"{split}.{lang}"))
         _clean(p("bpe", f"train.{src}"), p("bpe", f"train.{tgt}"), p(f"train.{src}"), p(f"train.{tgt}"),
-               s["max_len"], also=[p("split", f"train.{lang}") for lang in langs],
+               s, also=[p("split", f"train.{lang}") for lang in langs],
                also_out=[p(f"train.tok.{lang}") for lang in langs])
         if s["valid"] == "split":
             _clean(p("bpe", f"valid.{src}"), p("bpe", f"valid.{tgt}"), p(f"valid.{src}"), p(f"valid.{tgt}"),
-                   s["max_len"])
+                   s)
         for lang in langs:
             if s["valid"] != "split":
                 shutil.copyfile(p("bpe", f"valid.{lang}"), p(f"valid.{lang}"))

@@ -16,10 +16,10 @@ import collections
 import json
 from typing import Any, Dict, List
 
+# fairseq's own input position embedding: the encoding decides it, so the label names it
+from posenc_workflow.train_config import DECIDED as INPUT_POSITIONS
+
 ARCH_NAMES = ("model.arch", "model._name")
-# fairseq's own input position embedding: the encoding decides it (transformer_posenc.build_model
-# sets these from the scheme; none drops it), so the label names it
-INPUT_POSITIONS = ("encoder_learned_pos", "decoder_learned_pos", "no_token_positional_embeddings")
 
 
 def stored_config(path: str) -> Dict[str, Any]:

@@ -3,7 +3,8 @@
 
     # normalise punctuation, drop non-printing characters, tokenize (Moses' -a: split dashes as @-@)
     python recipes/posenc_workflow/text.py tokenize --lang en < raw.en > tok.en
-    # Moses' clean-corpus-n: keep pairs of 1..250 tokens per side and a length ratio of at most 1.5;
+    # Moses' clean-corpus-n: keep pairs of 1..250 tokens per side and a length ratio of at most 1.5
+    # (--max-len none, --ratio none: any);
     # --also filters other line-aligned files the same way (e.g. the tokenized text behind a BPE'd one)
     python recipes/posenc_workflow/text.py clean --src bpe.en --tgt bpe.de --out-src train.en --out-tgt train.de
     # detokenize: undo @-@ and Moses' escaping
@@ -101,11 +102,12 @@ def read_file(path: str) -> List[str]:
         return list(utf8_lines(f, path))
 
 
-def keep_pair(n_src: int, n_tgt: int, min_len: int, max_len: int, ratio: float) -> bool:
-    """Moses' clean-corpus-n.perl rule for one pair of token counts."""
-    if not (min_len <= n_src <= max_len and min_len <= n_tgt <= max_len):
+def keep_pair(n_src: int, n_tgt: int, min_len: int, max_len: Optional[int], ratio: Optional[float]) -> bool:
+    """Moses' clean-corpus-n.perl rule for one pair of token counts (None: no longest, no ratio)."""
+    longest = max_len if max_len is not None else max(n_src, n_tgt)
+    if not (min_len <= n_src <= longest and min_len <= n_tgt <= longest):
         return False
-    return n_src / n_tgt <= ratio and n_tgt / n_src <= ratio
+    return ratio is None or (n_src / n_tgt <= ratio and n_tgt / n_src <= ratio)
 
 
 def cmd_tokenize(args):
@@ -165,8 +167,9 @@ def cmd_clean(args):
             raise
     for tmp, path in zip(tmps, outputs):
         os.replace(tmp, path)
-    print(f"| clean: kept {kept} of {total} pairs ({args.min_len}-{args.max_len} tokens, ratio <= {args.ratio})",
-          file=sys.stderr)
+    lengths = f"{args.min_len}-{args.max_len}" if args.max_len is not None else f"{args.min_len} or more"
+    ratio = f"ratio <= {args.ratio}" if args.ratio is not None else "any ratio"
+    print(f"| clean: kept {kept} of {total} pairs ({lengths} tokens, {ratio})", file=sys.stderr)
 
 
 def _count_lines(path: str) -> int:
@@ -189,6 +192,14 @@ def cmd_spm_encode(args):
     model = spm.SentencePieceProcessor(model_file=args.model)
     for line in stdin_lines():
         sys.stdout.write(" ".join(model.encode(line, out_type=str)) + "\n")
+
+
+def _or_none(kind):
+    def parse(text: str):
+        return None if text == "none" else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value"
+    return parse
 
 
 class _Serial:
@@ -224,8 +235,8 @@ def main(argv: Optional[List[str]] = None):
     p.add_argument("--also", nargs="*", default=[], help="more files to filter with the same pairs")
     p.add_argument("--also-out", nargs="*", default=[], help="where the filtered --also files go")
     p.add_argument("--min-len", type=int, default=1)
-    p.add_argument("--max-len", type=int, default=250)
-    p.add_argument("--ratio", type=float, default=1.5)
+    p.add_argument("--max-len", type=_or_none(int), default=250, help="longest side kept (none: any)")
+    p.add_argument("--ratio", type=_or_none(float), default=1.5, help="largest ratio of the sides' lengths (none: any)")
     p.set_defaults(fn=cmd_clean)
     p = sub.add_parser("spm-train")
     p.add_argument("--input", nargs="+", required=True)

@@ -6,7 +6,7 @@ defaults applied, interpolations such as ``lr_scheduler.max_update`` filled), ev
 those of :data:`LEFT_OUT`, each left out with its reason; the batch layout enters as the tokens
 per update it gives. :data:`KEYED` names the rest of the training parser's options, so that
 ``tests/workflow/test_train_config.py`` can tell an option fairseq or the plugin adds later from one that
-was weighed: the two lists together must equal the parser's options.
+was weighed: the two lists and :data:`DECIDED` (what the encoding sets) must equal the parser's options.
 
 A left-out field is named by its option (``log_interval``: in whatever section fairseq keeps it)
 or by its section (``optimization.max_update``, the budget; ``lr_scheduler.max_update``, which a
@@ -58,6 +58,13 @@ LEFT_OUT: Dict[str, str] = {
     "keep_best_checkpoints": RETENTION,
 }
 
+# fairseq's own input position embedding, which the plugin's --position-encoding decides: hashed
+# as not given under the plugin's architectures (a model.position_encoding), hashed elsewhere
+DECIDED: Dict[str, str] = dict.fromkeys(
+    ("encoder_learned_pos", "decoder_learned_pos", "no_token_positional_embeddings"),
+    "set by the encoding (transformer_posenc's build_model; a value contradicting it is refused): "
+    "none with --no-token-positional-embeddings or without is one model")
+
 # the training parser's other options, weighed and hashed: another value is another model
 KEYED = frozenset("""
 seed tpu bf16 memory_efficient_bf16 fp16 memory_efficient_fp16 fp16_no_flatten_grads fp16_init_scale
@@ -81,12 +88,12 @@ no_last_checkpoints no_save_optimizer_state best_checkpoint_metric maximize_best
 checkpoint_suffix checkpoint_shard_count load_checkpoint_on_all_dp_ranks write_checkpoints_asynchronously
 store_ema ema_decay ema_start_update ema_seed_model ema_update_freq ema_fp32
 activation_fn dropout attention_dropout activation_dropout adaptive_input encoder_embed_path encoder_embed_dim
-encoder_ffn_embed_dim encoder_layers encoder_attention_heads encoder_normalize_before encoder_learned_pos
+encoder_ffn_embed_dim encoder_layers encoder_attention_heads encoder_normalize_before
 encoder_layerdrop encoder_layers_to_keep encoder_xformers_att_config max_source_positions decoder_embed_path
 decoder_embed_dim decoder_ffn_embed_dim decoder_layers decoder_attention_heads decoder_normalize_before
-decoder_learned_pos decoder_layerdrop decoder_layers_to_keep decoder_xformers_att_config decoder_output_dim
+decoder_layerdrop decoder_layers_to_keep decoder_xformers_att_config decoder_output_dim
 max_target_positions share_decoder_input_output_embed share_all_embeddings merge_src_tgt_embed
-no_token_positional_embeddings adaptive_softmax_cutoff adaptive_softmax_dropout adaptive_softmax_factor
+adaptive_softmax_cutoff adaptive_softmax_dropout adaptive_softmax_factor
 layernorm_embedding tie_adaptive_weights tie_adaptive_proj no_scale_embedding checkpoint_activations
 offload_activations no_cross_attention cross_self_attention quant_noise_pq quant_noise_pq_block_size
 quant_noise_scalar min_params_to_wrap char_inputs relu_dropout base_layers base_sublayers base_shuffle export
@@ -274,10 +281,18 @@ def left_out(key: str, sectioned: Iterable[str] = ()) -> bool:
     return section == "model" and field in sectioned
 
 
+POSITIONS_REMOVED_GIVEN = "posenc_no_token_positional_embeddings_given"  # fairseq_posenc/models/config.py
+
+
 def hashed_fields(config: Dict[str, Any]) -> Dict[str, Any]:
-    """What the hash covers: every field not :func:`left_out`, and the tokens per update."""
+    """What the hash covers: every field not :func:`left_out`, and the tokens per update. Under the
+    plugin's architectures (a ``model.position_encoding``) fairseq's input position flags are hashed
+    as not given: ``none`` and ``none:--no-token-positional-embeddings`` build one model."""
     sectioned = {key.rpartition(".")[2] for key in config if not key.startswith("model.")}
     kept = {k: v for k, v in config.items() if not left_out(k, sectioned)}
+    if "model.position_encoding" in kept:
+        kept.pop(f"model.{POSITIONS_REMOVED_GIVEN}", None)
+        kept.update({f"model.{name}": False for name in DECIDED if f"model.{name}" in kept})
     kept["tokens_per_update"] = tokens_per_update(config)
     return kept
 

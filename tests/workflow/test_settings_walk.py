@@ -38,7 +38,8 @@ OTHER = {"models.encodings": ["sinusoidal", "t5", "alibi", "floater", "rope"], "
          "warm_start.start": "sinusoidal", "distillation.teacher": "alibi",
          "distillation.students": ["sinusoidal", "alibi"], "distillation.relations": "qq,kk",
          "train.encoding_flags": {"alibi": ["--alibi-encoder", "split"]}, "train.model_flags": ["--encoder-layers", 3],
-         "train.flags": ["--log-interval", 7], "corpus.valid": "newstest2012", "corpus.pair": "x-y"}
+         "train.flags": ["--log-interval", 7], "corpus.valid": "newstest2012", "corpus.pair": "x-y",
+         "corpus.clean.ratio": 2}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -2,9 +2,10 @@
 configuration (recipes/posenc_workflow/train_config.py): every field but those LEFT_OUT, each with
 its reason. The argument lists are the workflow's own (recipes/Snakefile's commands for a WMT base
 and an IWSLT model); then every option of fairseq's training parser is changed in turn, in
-process, and the hash must change (hashed) or stay (left out). The classification must equal the
-parser's options, so an option that fairseq or the plugin adds later fails here until it is
-weighed."""
+process, and the hash must change (hashed) or stay (left out, or DECIDED by the encoding). The
+classification must equal the parser's options, so an option that fairseq or the plugin adds
+later fails here until it is weighed."""
+import argparse
 import os
 
 import pytest
@@ -138,8 +139,8 @@ def changed(argv, dest, action, args, fill):
         for option in dropped:
             argv = _without(argv, option)
         return _without(argv, new[0]) + new
-    kind = type(action).__name__
-    if kind in ("_StoreTrueAction", "_StoreFalseAction"):
+    # (the plugin's --no-token-positional-embeddings is a subclass: it also marks itself given)
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
         flag = action.option_strings[0]
         return _without(argv, flag, False) if flag in argv else argv + [flag]
     current = getattr(args, dest, None)
@@ -166,8 +167,9 @@ def test_the_classification_is_the_training_parsers_options(finished):
     _, argv = finished
     parser, _ = train_config.parse(argv)
     options = train_config.parser_options(parser)
-    classified = LEFT_OUT | train_config.KEYED
-    assert not LEFT_OUT & train_config.KEYED
+    decided = set(train_config.DECIDED)
+    classified = LEFT_OUT | train_config.KEYED | decided
+    assert not LEFT_OUT & train_config.KEYED and not decided & (LEFT_OUT | train_config.KEYED)
     assert options - classified == set(), "options nobody weighed: add each to KEYED or LEFT_OUT with a reason"
     assert classified - options == set(), "classified names the parser no longer has"
 
@@ -239,6 +241,17 @@ def test_every_option_is_hashed_or_left_out_as_classified(finished, tmp_path):
                 wrong.append(f"--{dest} is classified as hashed but the hash does not hold it")
         if train_config.identity(config) == train_config.identity(recorded):
             wrong.append(f"{dests}: changed, the same hash")
+    # fairseq's input position options, each given to the encoding that takes it (the others refuse
+    # it): the encoding sets it anyway, one model
+    takers = {"no_token_positional_embeddings": "none", "encoder_learned_pos": "learned",
+              "decoder_learned_pos": "learned"}
+    assert set(takers) == set(train_config.DECIDED)
+    actions = _option_strings(parser)
+    for dest, encoding in takers.items():
+        plain = _set(argv, actions["arch"], f"transformer_{encoding}_{fill['suffix']}")
+        if train_config.identity(train_config.resolve(changed(plain, dest, actions[dest], args, fill))) != \
+                train_config.identity(train_config.resolve(plain)):
+            wrong.append(f"--{dest}: the encoding {encoding} sets it, but giving it changed the hash")
     # every option left out, changed at once (the batch layout keeping its tokens per update): one hash
     left_out = [d for d in options if d in LEFT_OUT and d not in ("max_tokens", "update_freq")]
     new = _changes(argv, left_out, parser, args, fill)

@@ -251,6 +251,24 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
     assert proc.returncode != 0 and "fairseq-train would refuse its arguments" in proc.stdout + proc.stderr
 
 
+def test_rows_that_differ_in_an_input_position_flag_the_encoding_decides_are_refused_by_the_dry_run(tmp_path):
+    """none's model has no input positions with --no-token-positional-embeddings or without (the
+    encoding drops them), learned's has learned ones with --encoder-learned-pos or without: one
+    model each, trained twice and refused only by the report, before."""
+    proc = snakemake(str(tmp_path), study(models__encodings=["none", "none:--no-token-positional-embeddings"]), "-n")
+    refusal = [line for line in (proc.stdout + proc.stderr).splitlines() if "configuration refused" in line]
+    assert proc.returncode != 0 and refusal == [
+        "configuration refused: models.encodings none and none:--no-token-positional-embeddings are the same "
+        "model, 'none': fairseq resolves them to one configuration"]
+    assert "Job stats" not in proc.stdout + proc.stderr and not os.path.exists(tmp_path / "study")
+    from posenc_workflow import workflow as wf_module
+
+    config = shipped("demo", **{**STUDY, "models": {"encodings": ["learned", "learned:--encoder-learned-pos"]}})
+    with pytest.raises(wf_module.ConfigError, match="^models.encodings learned and learned:--encoder-learned-pos "
+                                                     "are the same model, 'learned'"):
+        wf_module.Study(config).check_same_rows()
+
+
 def test_wmt18s_pairs_write_apart_from_one_study_file():
     """recipes/conf/wmt18.yaml's out holds {corpus}: each pair its own directory, without an out= of
     its own (a pair sharing another's would retrain over its records); another field is refused."""

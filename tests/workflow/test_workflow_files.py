@@ -241,3 +241,127 @@ def test_a_sacrebleu_test_set_is_read_from_sacrebleus_cache(tmp_path):
                           env={**os.environ, "SACREBLEU": str(tmp_path / "sacrebleu")})
     assert proc.returncode == 2 and proc.stderr.startswith("prepare.py gather: error: sacrebleu test set wmt14 xx-en")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _gather(data, splits, src="de", tgt="en"):
+    """prepare.py gather in DATA's parent folder (the files' paths as a study gives them)."""
+    prepare = os.path.join(REPO, "recipes", "posenc_workflow", "prepare.py")
+    return subprocess.run([sys.executable, prepare, "gather", "--data", str(data), "--settings",
+                           json.dumps({"src": src, "tgt": tgt, "splits": splits})], capture_output=True,
+                          cwd=os.path.dirname(data))
+
+
+def test_gather_ends_every_line_in_a_newline_and_refuses_bytes_other_tools_split_or_cannot_read(tmp_path):
+    # Windows line endings (and a last line without one): taken, each line ended by \n alone
+    (tmp_path / "a.de").write_bytes(b"ein haus\r\nzwei katzen\r\ndrei")
+    (tmp_path / "a.en").write_bytes(b"a house\ntwo cats\r\nthree")
+    proc = _gather(tmp_path / "data", {"train": {"src": str(tmp_path / "a.de"), "tgt": str(tmp_path / "a.en")}})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "data" / "raw" / "train.de").read_bytes() == b"ein haus\nzwei katzen\ndrei\n"
+    assert (tmp_path / "data" / "raw" / "train.en").read_bytes() == b"a house\ntwo cats\nthree\n"
+    # a byte that is not UTF-8, a carriage return inside a line: one line naming the setting, the
+    # file as given and the line; nothing written
+    (tmp_path / "b.en").write_bytes(b"one\ntwo\nthree\n")
+    for text, problem in ((b"eins\nzwei\ndrei caf\xe2x\n", "not UTF-8 at byte 9 of the line (0xe2: invalid continuation "
+                                                         "byte): convert the file to UTF-8 (iconv -f ITS-ENCODING -t UTF-8)"),
+                          (b"eins\nzwei\ndrei\rvier\n", "a carriage return (\\r) inside the line, where some tools split "
+                                                       "lines and others do not (the pairs would shift): remove it (or, "
+                                                       "where \\r ends lines, convert them: tr '\\r' '\\n')")):
+        (tmp_path / "b.de").write_bytes(text)
+        proc = _gather(tmp_path / "bad", {"test.news": {"src": "b.de", "tgt": "b.en"}})
+        assert proc.returncode == 2 and proc.stderr.decode().splitlines() == [
+            f"prepare.py gather: error: corpus.test.news.src b.de line 3: {problem}"]
+        assert os.listdir(tmp_path / "bad" / "raw") == []
+
+
+def test_a_carriage_return_inside_a_line_of_text_already_tokenized_is_refused_naming_the_file_and_line(tmp_path):
+    """Python's text readers (the split of the validation pairs, fairseq-preprocess) end a line at a
+    lone \\r, subword-nmt and wc -l do not: it failed later, on internal files, with line counts."""
+    root = str(checkout(tmp_path))
+    work = tmp_path / "work"
+    work.mkdir()
+    write_plain_pairs(str(work / "train"), 150, "de", "en", seed=1)
+    write_plain_pairs(str(work / "news"), 5, "de", "en", seed=2, lengths=(3, 6))
+    text = (work / "train.de").read_bytes().split(b"\n")
+    text[41] += b" a\rb"
+    (work / "train.de").write_bytes(b"\n".join(text))
+    study = json.loads(json.dumps(STUDY))
+    study["corpus"].update({"tokenize": "none", "test": {"news": {"src": "news.de", "tgt": "news.en"}}})
+    del study["split"]
+    write_study(work / "study.yaml", study)
+    proc = run_sh(root, work, "files", "study.yaml", "-c1")
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "error:" in line]
+    assert proc.returncode != 0 and errors == [
+        "prepare.py gather: error: corpus.train.src train.de line 42: a carriage return (\\r) inside the line, where "
+        "some tools split lines and others do not (the pairs would shift): remove it (or, where \\r ends lines, "
+        "convert them: tr '\\r' '\\n')"]
+
+
+def test_corpus_clean_sets_the_longest_side_and_the_ratio_kept_or_neither(tmp_path):
+    """prepare.py segment as the segment rule runs it, on text already tokenized: few words, each
+    one subword once BPE is learned, so that a side's subwords are its words."""
+    data = tmp_path / "data"
+    pairs = [("ab cd ef", "uv wx yz")] * 4 + [("ab cd", "uv wx yz uv"), ("ab cd ef ab cd ef", "uv wx yz uv wx yz"),
+                                             ("", "uv wx")]
+    for folder in ("tok", "raw"):
+        (data / folder).mkdir(parents=True)
+    for side, lang in enumerate(("de", "en")):
+        (data / "tok" / f"train.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
+        for split in ("valid", "test.news"):
+            for folder in ("tok", "raw"):
+                (data / folder / f"{split}.{lang}").write_text(pairs[0][side] + "\n")
+    prepare = os.path.join(REPO, "recipes", "posenc_workflow", "prepare.py")
+
+    def kept(**clean):
+        settings = {"style": "files", "src": "de", "tgt": "en", "tokenize": "none", "bpe": "subword-nmt",
+                    "bpe_size": 10, "valid": "given", "valid_every": 100, "tests": ["test.news"], **clean}
+        proc = subprocess.run([sys.executable, prepare, "segment", "--data", str(data), "--settings",
+                               json.dumps(settings)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        log = [line for line in proc.stderr.splitlines() if line.startswith("| clean:")]
+        return log, list(zip(lines(data / "train.de"), lines(data / "train.en")))
+
+    # fairseq's rule (the shipped corpora's params: no ratio given): the pair of ratio 2 dropped
+    log, train = kept(max_len=250)
+    assert log == ["| clean: kept 5 of 7 pairs (1-250 tokens, ratio <= 1.5)"] and train == pairs[:4] + pairs[5:6]
+    log, train = kept(max_len=5, ratio=None)
+    assert log == ["| clean: kept 5 of 7 pairs (1-5 tokens, any ratio)"] and train == pairs[:5]
+    log, train = kept(max_len=None, ratio=2)
+    assert log == ["| clean: kept 6 of 7 pairs (1 or more tokens, ratio <= 2.0)"] and train == pairs[:6]
+    # a side left empty is no pair, whatever corpus.clean says
+    log, train = kept(max_len=None, ratio=None)
+    assert log == ["| clean: kept 6 of 7 pairs (1 or more tokens, any ratio)"] and train == pairs[:6]
+
+
+def test_corpus_clean_reaches_the_segment_rules_params_and_leaves_fairseqs_rule_as_it_was(tmp_path):
+    from posenc_workflow import workflow as wf
+    from posenc_workflow.corpus import Corpus
+    from helpers.snakemake_runs import shipped
+
+    def segment(*names, **sections):
+        return json.loads(Corpus.of(wf.Study(shipped(*names, **sections), preflight=False)).segment_settings())
+
+    # auto: the shipped corpora's params as before corpus.clean (another would prepare them again)
+    assert segment("wmt14_en_de")["max_len"] == 250 and "ratio" not in segment("wmt14_en_de")
+    assert segment("iwslt14_de_en")["max_len"] == 175 and "ratio" not in segment("iwslt14_de_en")
+    assert {k: v for k, v in segment("iwslt14_de_en", corpus={"clean": {"max_len": None, "ratio": 2}}).items()
+            if k in ("max_len", "ratio")} == {"max_len": None, "ratio": 2}
+    files = {}
+    for name in ("t.de", "t.en"):
+        (tmp_path / name).write_text("a\n")
+        files[name[-2:]] = str(tmp_path / name)
+    corpus = {"pair": "de-en", "train": {"src": files["de"], "tgt": files["en"]},
+              "test": {"t": {"src": files["de"], "tgt": files["en"]}}}
+    mine = segment("files", corpus={**corpus, "clean": {"ratio": None}})
+    assert mine["max_len"] == 250 and mine["ratio"] is None
+    assert segment("files", corpus={**corpus, "clean": {"max_len": 250, "ratio": 1.5}}) == segment("files", corpus=corpus)
+    # a files corpus's directory is named by its cleaning too, unless fairseq's (named as before)
+    defaults = {"bpe": "subword-nmt", "tokenize": "moses", "bpe_size": 10000}
+    assert files_data_dir({**corpus, **defaults, "clean": {"max_len": "auto", "ratio": 1.5}}, "de", "en") == \
+        files_data_dir({**corpus, **defaults}, "de", "en") != \
+        files_data_dir({**corpus, **defaults, "clean": {"max_len": "auto", "ratio": None}}, "de", "en")
+    # the demo's generated pair is not cleaned: refused in one line
+    with pytest.raises(wf.ConfigError) as error:
+        segment("demo", corpus={"clean": {"max_len": 100}})
+    assert str(error.value) == "corpus.clean.max_len 100: corpus.name toy is the demo's generated pair, which is not " \
+                               "cleaned"
