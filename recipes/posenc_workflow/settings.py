@@ -35,7 +35,8 @@ NO_JOB = {
 #: params and fails on any difference, a new field undeclared included
 FEEDS = {k: frozenset(v.split()) for k, v in {
     "corpus.archives": "extract", "corpus.bpe": "length_split prepare_test score segment",
-    "corpus.bpe_size": "segment", "corpus.data": "binarize extract gather score segment tokenize toy_corpus",
+    "corpus.bpe_size": "segment", "corpus.clean.max_len": "segment",
+    "corpus.clean.ratio": "segment", "corpus.data": "binarize extract gather score segment tokenize toy_corpus",
     "corpus.download": "", "corpus.download_timeout": "", "corpus.mirror": "",
     "corpus.pair": "binarize extract gather length_split prepare_test score segment tokenize",
     "corpus.sources": "extract", "corpus.test": "decode prepare_test score study_config",
