@@ -59,6 +59,16 @@ def files_data_dir(config: dict, src: str, tgt: str) -> str:
     return os.path.join("data", f"files_{src}_{tgt}_{hashlib.sha1(settings.encode()).hexdigest()[:8]}")
 
 
+def count_lines(path: str) -> int:
+    """Lines as fairseq and wc count them, a last line without its newline included."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
+
+
 class Corpus:
     """What the rules of a corpus need when the workflow is parsed: its files and each step's settings."""
 
@@ -102,6 +112,7 @@ class Corpus:
             if "sacrebleu" in test.files:
                 if set(test.files) != {"sacrebleu"}:
                     raise ValueError(f"corpus.test.{test.name}: {{sacrebleu: NAME}} or {{src: FILE, tgt: FILE}}, not both")
+                self._check_sacrebleu(test, c)
             elif set(test.files) != {"src", "tgt"}:
                 raise ValueError(f"corpus.test.{test.name}: set src and tgt (or sacrebleu: NAME)")
             else:
@@ -111,6 +122,31 @@ class Corpus:
                 if not os.path.isfile(pair[side]):
                     raise ValueError(f"corpus.{where}.{side}: no file {pair[side]} (paths are read from the "
                                      f"working directory, {os.getcwd()})")
+            counts = [count_lines(pair[side]) for side in ("src", "tgt")]
+            if counts[0] != counts[1] or not counts[0]:
+                raise ValueError(f"corpus.{where}: {pair['src']} has {counts[0]:,} lines, {pair['tgt']} {counts[1]:,}: "
+                                 "a pair is a line of each, and there must be one")
+
+    def _check_sacrebleu(self, test: TestSet, c: dict):
+        """A sacrebleu test set by name: one sacrebleu knows for this pair, and raw text (its
+        references are scored as given: a model of text already tokenized would meet raw text)."""
+        import difflib
+
+        from sacrebleu.dataset import DATASETS
+
+        name, pair = test.files["sacrebleu"], "-".join(self.langs)
+        if name not in DATASETS:
+            close = difflib.get_close_matches(name, list(DATASETS), n=3)
+            raise ValueError(f"corpus.test.{test.name}: sacrebleu has no test set {name}"
+                             + (f"; did you mean {' or '.join(close)}?" if close else " (sacrebleu --list names them)"))
+        if pair not in DATASETS[name].langpairs:
+            raise ValueError(f"corpus.test.{test.name}: sacrebleu's {name} has no {pair} (it has "
+                             f"{', '.join(sorted(DATASETS[name].langpairs))})")
+        if c.get("tokenize") == "none":
+            raise ValueError(f"corpus.test.{test.name} {{sacrebleu: {name}}} with corpus.tokenize none: sacrebleu's "
+                             "text is raw, the model's tokenized as given; give the test set as files tokenized as "
+                             "your training text, or set corpus.tokenize: moses for raw files")
+
 
     def own_files(self) -> List[str]:
         """The user's training (and validation) files: the gather rule's inputs (an edit prepares
@@ -142,7 +178,8 @@ class Corpus:
     def test_settings(self, name: str) -> str:
         """What prepare.py test prepares a named test set with: its files (or sacrebleu's name),
         the tokenizer and the corpus's BPE; the corpus's dictionary is an input, not a setting."""
-        return json.dumps({**self.settings(), "bpe": self.bpe, "files": self.test(name).files}, sort_keys=True)
+        return json.dumps({**self.settings(), "bpe": self.bpe, "files": self.test(name).files, "name": name},
+                          sort_keys=True)
 
     def splits(self, valid: Optional[bool] = None) -> List[str]:
         """The prefixes of the text the steps write: train, valid (where the corpus has its own, or

@@ -81,11 +81,18 @@ def _lines(path: str) -> int:
 def _sacrebleu_pair(name: str, src: str, tgt: str):
     """(source file, first reference file) of sacrebleu's test set ``name`` for SRC-TGT, from
     sacrebleu's cache ($SACREBLEU, else ~/.sacrebleu), which sacrebleu downloads to if missing."""
+    import urllib.error
+
     import sacrebleu.utils
 
     try:
         return sacrebleu.utils.get_source_file(name, f"{src}-{tgt}"), \
             sacrebleu.utils.get_reference_files(name, f"{src}-{tgt}")[0]
+    except (urllib.error.URLError, OSError) as e:  # offline, and not in the cache
+        raise PrepareError(f"sacrebleu test set {name} {src}-{tgt}: not in sacrebleu's cache "
+                           f"({sacrebleu.utils.SACREBLEU_DIR}, $SACREBLEU) and not downloaded ({e}): run "
+                           f"`sacrebleu -t {name} -l {src}-{tgt} --echo src > /dev/null` where there is internet "
+                           "and copy that directory here, or point $SACREBLEU at such a copy") from None
     except Exception as e:  # sacrebleu raises Exception for an unknown set or pair
         raise PrepareError(f"sacrebleu test set {name} {src}-{tgt}: {e}") from None
 
@@ -128,7 +135,7 @@ def gather(data: str, s: Dict):
             (where["src"], where["tgt"])
         outs = [os.path.join(raw, f"{split}.{lang}") for lang in (s["src"], s["tgt"])]
         try:
-            counts = [_copy_text(path, out + ".tmp", _setting(split, side))
+            counts = [_copy_text(path, out + ".tmp", _setting(s.get("setting", {}).get(split, split), side))
                       for path, out, side in zip(pair, outs, ("src", "tgt"))]
         except PrepareError:
             for out in outs:
@@ -281,7 +288,7 @@ def test(data: str, out: str, s: Dict, workers: int):
     sacrebleu's set), OUT/tok/test.*, OUT/test.* (segmented), OUT/test.raw.* (SacreBLEU's
     references) and OUT/data-bin (fairseq-preprocess --srcdict/--tgtdict of DATA/data-bin)."""
     src, tgt = s["src"], s["tgt"]
-    gather(out, {**s, "splits": {"test": s["files"]}})
+    gather(out, {**s, "splits": {"test": s["files"]}, "setting": {"test": f"test.{s['name']}"}})
     tokenize(out, {**s, "splits": ["test"]}, workers)
     for lang in (src, tgt):
         _apply(data, s, os.path.join(out, "tok", f"test.{lang}"), os.path.join(out, f"test.{lang}"))

@@ -355,6 +355,9 @@ class Study:
         if "pairs" in self.facts and self.pair not in self.facts["pairs"]:
             raise ConfigError(f"corpus.pair {self.pair}: {corpus['name']} has {', '.join(self.facts['pairs'])}")
         self.src, self.tgt = self.pair.split("-")
+        if self.src == self.tgt:  # fairseq's files are named by language: both sides would be one file
+            raise ConfigError(f"corpus.pair {self.pair}: the source and the target need two names, SRC-TGT "
+                              "(fairseq names each side's files by its language)")
         self.corpus_name = corpus["name"] if corpus["name"] not in ("wmt18", "files") else \
             f"{corpus['name']}_{self.src}_{self.tgt}"
         # {corpus}: one study file for every pair of a corpus (WMT18) writes each pair apart

@@ -78,11 +78,13 @@ rule test_model:
         label=OUT + "/tests/{test}/{name}/seed{seed}/label.txt",
         record=OUT + "/tests/{test}/{name}/seed{seed}/trained.json",
         averaged=OUT + "/tests/{test}/{name}/seed{seed}/averaged.pt",
+    log:
+        OUT + "/tests/{test}/{name}/seed{seed}/test_model.log",
     wildcard_constraints:
         seed=r"\d+",
     shell:
-        "cp {input.label} {output.label} && cp {input.record} {output.record} && "
-        "ln -sfr {input.averaged} {output.averaged}"
+        "(cp {input.label} {output.label} && cp {input.record} {output.record} && "
+        "ln -sfr {input.averaged} {output.averaged}) > {log} 2>&1 || {{ cat {log} >&2; exit 1; }}"
 
 
 rule decode:

@@ -42,18 +42,6 @@ def _same_as():
     return _RESOLVED["same"]
 
 
-def _keep_flags(wildcards):
-    """The retention flags of the model's training: of the models that train in its directory (one
-    configuration: _same_as), those that keep the most, so that each one's averaging finds its
-    checkpoints whichever trained it."""
-    model = _model(wildcards)
-    first = _same_as().get(model.key, model)
-    group = [m for m in STUDY.models if m is first or _same_as().get(m.key) is first]
-    flags = [retention.split(STUDY.command(m))[1] for m in group]
-    kind = STUDY.evaluate["checkpoints"]
-    return " ".join(max(flags, key=lambda f: float("inf") if retention.kept(f, kind) is None else retention.kept(f, kind)))
-
-
 def _train_inputs(wildcards):
     model = _model(wildcards)
     inputs = {"data": STUDY.data_bin(), "scripts": scripts(f"{WORKFLOW_PY}/train_job.py")}
@@ -108,7 +96,7 @@ rule train:
         # again, and the dry run's reason is the hash while the plan names the fields that changed
         # (posenc_workflow/retention.py refuses an average the kept checkpoints cannot serve)
         command=lambda w, output: retention.split(STUDY.command(_model(w)))[0],
-        keep=lambda w, output: _keep_flags(w),
+        keep=lambda w, output: " ".join(retention.split(STUDY.command(_model(w)))[1]),
         config_id=lambda w: resolved(_model(w))[1],
         code=lambda w: wf.code_key(_model(w).encoding),
         software=lambda w: json.dumps(wf.software_versions(), sort_keys=True),

@@ -131,6 +131,9 @@ def test_a_study_of_plain_files_with_a_split_and_two_named_test_sets_runs_to_its
         assert sum(b["sentences"] for b in report["bins"]) == len(refs)
         # its plot's title names it
         assert json.load(open(study / f"study.{name}.json"))["report"]["title"] == f"study, test set {name}"
+        # every job has its log
+        assert (study / "logs" / f"study_config.{name}.log").exists() and (study / "logs" / f"prepare_test.{name}.log").exists()
+        assert (study / "tests" / name / "alibi" / "seed1" / "test_model.log").exists()
     # every long pair in the split's report, binned by files.yaml's report.bins
     report = json.load(open(study / "bleu_by_length.json"))
     assert sum(b["sentences"] for b in report["bins"]) == long_pairs
@@ -215,6 +218,51 @@ def test_each_edit_plans_the_jobs_it_feeds(finished):
     assert bins == {"study_config": 3, "length_report": 3, "all": 1}
     # a job's threads: nothing
     assert planned(root, work, edited(train={**STUDY["train"], "threads": 2})) == {}
+
+
+def test_a_files_studys_mistakes_are_refused_by_its_dry_run_in_one_line(tmp_path):
+    """What the first job would have found, in the dry run through run.sh: a sacrebleu test set
+    sacrebleu does not know (or not for the pair), raw sacrebleu text beside text given tokenized,
+    files of a pair that differ in lines, a pair of one name."""
+    write_plain_pairs(str(tmp_path / "train"), 20, "de", "en", seed=1)
+    write_plain_pairs(str(tmp_path / "news"), 3, "de", "en", seed=2)
+    with open(tmp_path / "short.en", "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines(tmp_path / "news.en")[:2]))
+
+    def refusal(**corpus):
+        study = json.loads(json.dumps(STUDY))
+        study["corpus"].update(corpus)
+        write_study(tmp_path / "study.yaml", study)
+        proc = run_sh(REPO, tmp_path, "files", "study.yaml", "-n")
+        found = [line for line in (proc.stdout + proc.stderr).splitlines() if "configuration refused" in line]
+        assert proc.returncode != 0 and len(found) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return found[0].split("configuration refused: ", 1)[1]
+
+    assert refusal(test={"wmt": {"sacrebleu": "wmt14x"}}) == \
+        "corpus.test.wmt: sacrebleu has no test set wmt14x; did you mean wmt14 or wmt24 or wmt21?"
+    assert refusal(pair="de-fr", test={"wmt": {"sacrebleu": "wmt14"}}) == \
+        "corpus.test.wmt: sacrebleu's wmt14 has no de-fr (it has cs-en, de-en, en-cs, en-de, en-fr, en-hi, en-ru, " \
+        "fr-en, hi-en, ru-en)"
+    assert refusal(tokenize="none", test={"wmt": {"sacrebleu": "wmt14"}}).startswith(
+        "corpus.test.wmt {sacrebleu: wmt14} with corpus.tokenize none: sacrebleu's text is raw")
+    assert refusal(test={"news": {"src": "news.de", "tgt": "short.en"}}) == \
+        "corpus.test.news: news.de has 3 lines, short.en 2: a pair is a line of each, and there must be one"
+    assert refusal(pair="en-en").startswith("corpus.pair en-en (study.yaml): the source and the target need two names")
+
+
+def test_sacrebleu_offline_without_its_cache_says_where_the_cache_is(tmp_path):
+    # a proxy on a closed loopback port: urlopen fails at once, nothing leaves the machine
+    settings = {"src": "de", "tgt": "en", "splits": {"test": {"sacrebleu": "wmt14"}}}
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "posenc_workflow", "prepare.py"), "gather",
+                           "--data", str(tmp_path / "data"), "--settings", json.dumps(settings)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SACREBLEU": str(tmp_path / "empty"), "http_proxy": "http://127.0.0.1:9",
+                               "https_proxy": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+                               "HTTPS_PROXY": "http://127.0.0.1:9"})
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"prepare.py gather: error: sacrebleu test set wmt14 de-en: not in sacrebleu's cache "
+                                  f"({tmp_path / 'empty'}, $SACREBLEU) and not downloaded (")
+    assert "`sacrebleu -t wmt14 -l de-en --echo src > /dev/null` where there is internet" in proc.stderr
 
 
 def test_a_sacrebleu_test_set_is_read_from_sacrebleus_cache(tmp_path):
