@@ -150,6 +150,8 @@ def _study_rows(args):
 
 
 def cmd_length(args):
+    from posenc_workflow.workflow import decoded_segmentation, length_bins
+
     # every generation read first: a file that would lose sentences is refused before anything else
     generations = {d: _generation(os.path.join(d, "test.detok.txt")) for d in args.models}
     study, rows, names = _study_rows(args)
@@ -158,8 +160,15 @@ def cmd_length(args):
     limits = {limit for limit in map(study_report.read_decoding_limit, texts) if limit is not None}
     longest = max(len(s.split()) for gens in runs.values() for g in gens for s in g.sources) + 1
     footer = " ".join(study_report.decoding_limit_note(a, b, longest) for a, b in sorted(limits))
-    bins = (study.get("report") or {}).get("bins") or (study.get("split") or {}).get("bins")
-    unit = (study.get("split") or {}).get("unit") or (study.get("report") or {}).get("unit", "words")
+    bins, unit = length_bins(study) or (None, "words")
+    segmented = decoded_segmentation(study)
+    if unit == "words" and segmented != "none":
+        # decoded in a split's subwords (S- lines too): report.bins count the words they make
+        from posenc_workflow.scoring import remove_bpe
+
+        for gens in runs.values():
+            for gen in gens:
+                gen.sources = [remove_bpe(source, segmented) for source in gen.sources]
     report = study_report.build_report(runs, bins, unit, _baseline(study, rows, names),
                                        seeds=study["models"]["seeds"], footer=footer, controls=_controls(rows))
     title = (study.get("report") or {}).get("title") or study["out"]
