@@ -785,14 +785,15 @@ class Study:
         return CorpusEstimate(pairs, words / max(lines, 1) + 1, bpe,
                               f"counted in {path}: {lines:,} lines, {words:,} target words", counted=True)
 
-    def tokens_per_second(self, model: "Model") -> Optional[float]:
-        """train.tokens_per_second, auto: Vaswani et al.'s P100 speed for base and big models
-        (plan.PAPER_TOKENS_PER_SECOND), none on CPUs (a CPU's speed is the user's to measure)."""
-        from posenc_workflow.plan import PAPER_TOKENS_PER_SECOND
+    def tokens_per_second(self, model: "Model"):
+        """train.tokens_per_second, auto: on GPUs Vaswani et al.'s P100 speed for base and big models
+        and an assumed one for iwslt (plan.GPU_TOKENS_PER_SECOND); on the CPU "auto", which the plan
+        works out from the model's parameters (plan.cpu_tokens_per_second)."""
+        from posenc_workflow.plan import GPU_TOKENS_PER_SECOND
 
         value = self.train.get("tokens_per_second", "auto")
         if value == "auto":
-            return None if self.train["device"] == "cpu" else PAPER_TOKENS_PER_SECOND.get(self.model_arch(model))
+            return "auto" if self.train["device"] == "cpu" else GPU_TOKENS_PER_SECOND.get(self.model_arch(model))
         return float(value) if value is not None else None
 
     def test_set(self) -> str:
