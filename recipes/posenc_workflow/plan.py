@@ -518,21 +518,20 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
 
 def cpu_schedule(hours: List[float], threads: int, cores: Optional[int], jobs: Optional[int]) -> str:
     """How the CPU trainings of ``hours`` each run: Snakemake starts as many at once as --cores
-    holds jobs of ``threads`` (a profile or executor: up to --jobs), each next one on the first
-    slot free (a warm start or student waits for its start or teacher: later, not counted)."""
-    if jobs:
-        return f"up to {jobs} at once through the profile or executor (--jobs)"
-    at_once = min(len(hours), max(1, (cores or 1) // max(threads, 1)))
-    of = f" on {threads} thread(s) of --cores {cores}" if cores else ""
+    holds jobs of ``threads``, or as --jobs says where it is given (a profile or executor, or -j
+    here: --cores then limits nothing), each next one on the first slot free (a warm start or
+    student waits for its start or teacher: later, not counted)."""
+    how = ", ".join(([f"--jobs {jobs}"] if jobs else [f"--cores {cores}"] if cores else [])
+                    + [f"{threads} thread(s) each"])
+    at_once = min(len(hours), jobs or max(1, (cores or 1) // max(threads, 1)))
     if len(hours) == 1:
-        return "one training" + of
+        return f"one training ({how})"
     if at_once == 1:
-        return "one model after another, each" + of
+        return f"one model after another ({how})"
     slots = [0.0] * at_once
     for h in sorted(hours, reverse=True):
         slots[slots.index(min(slots))] += h
-    return (f"{at_once} at a time on --cores {cores} ({threads} thread(s) each): about {duration(max(slots))} "
-            "from the first start")
+    return f"{at_once} at a time ({how}): about {duration(max(slots))} from the first start"
 
 
 def stale_data(study) -> str:

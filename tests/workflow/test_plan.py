@@ -236,12 +236,13 @@ def test_the_cpus_auto_speed_is_the_measured_rate_over_six_flops_a_parameter_and
 
 
 @pytest.mark.parametrize("hours, cores, threads, jobs, said", [
-    ([2.0], 4, 1, None, "one training on 1 thread(s) of --cores 4"),
-    ([2.0, 1.0], 1, 1, None, "one model after another, each on 1 thread(s) of --cores 1"),
-    ([2.0, 1.0], 4, 4, None, "one model after another, each on 4 thread(s) of --cores 4"),
-    ([2.0, 1.0, 1.0], 4, 2, None, "2 at a time on --cores 4 (2 thread(s) each): about 2.0 h from the first start"),
-    ([0.5, 0.5, 0.5], 16, 1, None, "3 at a time on --cores 16 (1 thread(s) each): about 30 min from the first start"),
-    ([2.0, 1.0], None, 1, 8, "up to 8 at once through the profile or executor (--jobs)"),
+    ([2.0], 4, 1, None, "one training (--cores 4, 1 thread(s) each)"),
+    ([2.0, 1.0], 1, 1, None, "one model after another (--cores 1, 1 thread(s) each)"),
+    ([2.0, 1.0], 4, 4, None, "one model after another (--cores 4, 4 thread(s) each)"),
+    ([2.0, 1.0, 1.0], 4, 2, None, "2 at a time (--cores 4, 2 thread(s) each): about 2.0 h from the first start"),
+    ([0.5, 0.5, 0.5], 16, 1, None, "3 at a time (--cores 16, 1 thread(s) each): about 30 min from the first start"),
+    # --jobs (a profile or executor, or -j here) limits the jobs, not --cores
+    ([2.0, 1.0, 1.0], 1, 1, 8, "3 at a time (--jobs 8, 1 thread(s) each): about 2.0 h from the first start"),
 ])
 def test_the_cpu_trainings_run_as_many_at_once_as_cores_hold_jobs_of_their_threads(hours, cores, threads, jobs, said):
     assert train_plan.cpu_schedule(hours, threads, cores, jobs) == said

@@ -187,10 +187,10 @@ def test_a_cpu_studys_plan_counts_what_trains_at_a_cpus_speed_and_no_stale_train
             "on your CPU) (estimated)"
     assert dry.count(f"|   time: 6 min {speed}") == 2
     assert dry[-1] == "| plan total: 2 model(s), 2 to train, 80 updates, about 3.0 GB of checkpoints, 11 min on " \
-        "the CPU, 2 at a time on --cores 2 (1 thread(s) each): about 6 min from the first start (estimated before " \
+        "the CPU, 2 at a time (--cores 2, 1 thread(s) each): about 6 min from the first start (estimated before " \
         "the corpus is prepared)"
-    assert plan("--cores", "1")[-1].endswith(", 11 min on the CPU, one model after another, each on 1 thread(s) of "
-                                             "--cores 1 (estimated before the corpus is prepared)")
+    assert plan("--cores", "1")[-1].endswith(", 11 min on the CPU, one model after another (--cores 1, 1 thread(s) "
+                                             "each) (estimated before the corpus is prepared)")
 
     # one model trained (the corpus prepared): the other alone to train
     ok(run_sh(root, work, "files", "study.yaml", "-c1", "study/models/sinusoidal/seed1/trained.json", stub=True))
@@ -199,7 +199,7 @@ def test_a_cpu_studys_plan_counts_what_trains_at_a_cpus_speed_and_no_stale_train
     assert "|   trained: study/models/sinusoidal/seed1/trained.json, with its configuration, code and data as they " \
         "are: not in the total" in dry
     assert dry[-1] == "| plan total: 2 model(s), 1 to train (1 trained), 40 updates, about 1.5 GB of checkpoints, 2 min " \
-        "on the CPU, one training on 1 thread(s) of --cores 2"
+        "on the CPU, one training (--cores 2, 1 thread(s) each)"
     counted = [line for line in dry if line.startswith("|   training set: ")]
     assert len(counted) == 2 and counted[0].startswith("|   training set: 149 pairs, ")
 
@@ -213,4 +213,4 @@ def test_a_cpu_studys_plan_counts_what_trains_at_a_cpus_speed_and_no_stale_train
                      f"{words:,} target words) of ") == 2
     assert "training set: " not in out
     assert f"|   trains again: its data is prepared again ({again[len('prepared again: '):]})" in out
-    assert re.search(r"^\| plan total: 2 model\(s\), 2 to train, 80 updates, .* 2 at a time on --cores 2 ", out, re.M)
+    assert re.search(r"^\| plan total: 2 model\(s\), 2 to train, 80 updates, .* 2 at a time \(--cores 2, ", out, re.M)
