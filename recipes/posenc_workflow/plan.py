@@ -599,7 +599,8 @@ def _newest(data_bin: str) -> float:
 def training_states(study, resolved: Dict[str, tuple], same: Dict[str, object], stale: str) -> Dict[str, tuple]:
     """model key -> (whether it trains, the plan's lines on why or why not), for each distinct model:
     it trains where its record (trained.json) is missing, names another configuration or code, its
-    data is prepared again (``stale``) or is newer than the record, or its start or teacher trains."""
+    data is prepared again (``stale``) or is newer than the record, or its start or teacher trains or
+    is newer than the record."""
     states = {}
     for model in study.models:
         if model.key in same:
@@ -608,17 +609,30 @@ def training_states(study, resolved: Dict[str, tuple], same: Dict[str, object], 
         path = os.path.join(study.model_dir(model), "trained.json")
         try:
             with open(path, encoding="utf-8") as f:
-                recorded = "keyed" in json.load(f)
+                record = json.load(f)
+            recorded = "keyed" in record
         except (OSError, ValueError, TypeError):
             recorded = False
         if not recorded:
             states[model.key] = (True, [])
             continue
         lines = changes_since_trained(study, model, config, config_id)
+        # the budget is no part of the configuration's hash: a longer one goes on in its directory
+        from posenc_workflow.train_config import budget
+
+        was, now = record.get("budget") or {}, dict(zip(("max_update", "max_epoch"), budget(config)))
+        if [was.get(k) for k in now] != list(now.values()):
+            lines.append(f"trains again: its budget changed since {path}: "
+                         + "; ".join(f"{k}: {was.get(k)} -> {v}" for k, v in now.items() if was.get(k) != v))
         if stale:
             lines.append(f"trains again: its data is prepared again ({stale})")
         elif _newest(study.data_bin()) > os.path.getmtime(path):
             lines.append(f"trains again: {study.data_bin()} is newer than {path}")
+        # the inputs recipes/rules/train.smk gives it: a start's record, a teacher's average
+        for name, file in ((model.start, "trained.json"), (model.teacher, "averaged.pt")):
+            before = name and os.path.join(study.model_dir(study.model(name, model.seed)), file)
+            if before and os.path.exists(before) and os.path.getmtime(before) > os.path.getmtime(path):
+                lines.append(f"trains again: {before} is newer than {path}")
         states[model.key] = (bool(lines), lines)
     for _ in states:  # a chain of starts: at most as long as the models
         for model in study.models:

@@ -163,6 +163,11 @@ def test_floaters_variants_share_one_vanilla_job_and_another_start_restarts_them
     # a longer vanilla stage goes on in its directory; the stages started from it start over from
     # its new best checkpoint (their hash holds the start's content), not from their old checkpoints
     config["warm_start"]["vanilla"]["max_update"] = 7
+    dry = ok(snakemake(work, config, *targets, "-n"))
+    # the plan counts all four: the vanilla stage's budget changed, the others start from it
+    assert "|   trains again: its budget changed since study/models/vanilla/seed1/trained.json: max_update: 5 -> 7\n" \
+        in dry and dry.count("|   trains again: its start vanilla/seed1 trains\n") == 3
+    assert "| plan total: 4 model(s), 4 to train, " in dry
     ok(snakemake(work, config, *targets))
     again = calls(work)[len(trained):]
     assert [(c["from"], c["to"]) for c in again if c["init"] is None and "--finetune-from-model" not in c["argv"]] \
