@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """The arithmetic of a study's plan, worked out before the GPU-days and printed by recipes/Snakefile
-once per distinct model, with the totals (:func:`print_study_plan`): tokens per update, updates per
-epoch, where training stops, the checkpoints averaged, disk and GPU-hours.
+once per distinct model, with the totals of those that train (:func:`print_study_plan`): tokens per
+update, updates per epoch, where training stops, the checkpoints averaged, disk, and GPU-hours or
+hours on the CPU, with how many CPU trainings run at once.
 
     # exit 2 (one line) if a corpus's preparation would not fit on the disk of --work (the extract
     # and gather rules run it before they write the text)
@@ -40,6 +41,19 @@ from typing import Dict, List, Optional
 # in 3.5 days: about 7,200 and 3,100 target tokens a second a GPU. A newer GPU, fp16 and fairseq's
 # speed-ups go faster: set train.tokens_per_second from fairseq's wps in train.log
 PAPER_TOKENS_PER_SECOND = {"base": 100000 * 25000 / (12 * 3600 * 8), "big": 300000 * 25000 / (3.5 * 86400 * 8)}
+# and fairseq's IWSLT model (files.yaml's, iwslt14_de_en.yaml's) on one GPU: an assumption
+GPU_TOKENS_PER_SECOND = {**PAPER_TOKENS_PER_SECOND, "iwslt": 25000}
+# A CPU's speed (train.tokens_per_second auto with train.device cpu): the floating-point operations
+# a second of one thread of fairseq-train, about 6 a parameter a target token (forward and backward),
+# measured on files.yaml's IWSLT model (transformer_iwslt_de_en, 31,596,544 parameters with a 104-row
+# dictionary, --max-tokens 4096, fp32, OMP_NUM_THREADS=1) on one core of an x86 server (AVX-512):
+# updates 3-7 held 18,945 target tokens in 51.6 s of user and system time (updates 1-7 less 1-2):
+# 367 target tokens a CPU-second, about 70 GFLOP/s. A model's speed is that over 6 x its
+# parameters, times train.threads (which torch's threads reach less than in full)
+CPU_FLOPS_PER_THREAD = 6 * 31_596_544 * 367
+# narrower models run below that rate (small matrices, the per-layer work beside them):
+# iwslt14_cpu.yaml's small model (128 wide) measured at about 40% of it; no speed is assumed there
+CPU_AUTO_WIDTH = 512
 # target tokens in an update of padded tokens (Vaswani et al.: ~25k in 8 x 4096), where the
 # corpus is not prepared yet to count them
 TARGET_SHARE = 25000 / 32768
@@ -328,13 +342,33 @@ class CorpusEstimate:
                 f"subwords, {self.vocab:,} embedding rows; exact once the corpus is prepared")
 
 
+def duration(hours: float, gpu: bool = False) -> str:
+    """``1.7 h``; under an hour ``45 min`` (``0.0 h`` said nothing), or ``under a minute``
+    (``gpu``: GPU-hours, GPU-minutes)."""
+    hour, minute, least = ("GPU-hours", "GPU-minutes", "a GPU-minute") if gpu else ("h", "min", "a minute")
+    minutes = round(hours * 60)
+    if minutes >= 60:
+        return f"{hours:.1f} {hour}"
+    return f"{minutes} {minute[:-1] if gpu and minutes == 1 else minute}" if minutes else f"under {least}"
+
+
+def cpu_tokens_per_second(config: Dict, vocab: int, threads: int = 1) -> Optional[float]:
+    """train.tokens_per_second auto on a CPU: :data:`CPU_FLOPS_PER_THREAD` x threads over 6 x the
+    model's parameters; None for a model narrower than :data:`CPU_AUTO_WIDTH`."""
+    if min(int(config[f"model.{side}_embed_dim"]) for side in ("encoder", "decoder")) < CPU_AUTO_WIDTH:
+        return None
+    return CPU_FLOPS_PER_THREAD * max(threads, 1) / (6 * parameters(config, vocab))
+
+
 def model_plan(data_bin: str, config: Dict, average: int, epoch_checkpoints: bool,
-               tokens_per_second: Optional[float], keeps_three: bool = False,
-               estimate: Optional[CorpusEstimate] = None, cpu: bool = False) -> Dict:
+               tokens_per_second, keeps_three: bool = False,
+               estimate: Optional[CorpusEstimate] = None, cpu: bool = False, threads: int = 1,
+               stale: str = "") -> Dict:
     """What one model's training takes, from its resolved fairseq configuration: tokens per
     update, updates per epoch (fairseq's own batches of the binarized training set, where it is
-    prepared; else ``estimate``), where it stops, the checkpoints averaged, disk and GPU-hours
-    (``cpu``: hours on the CPU, ``tokens_per_second`` being the CPU's)."""
+    prepared; else, or where ``stale`` says why it is prepared again, ``estimate``), where it stops,
+    the checkpoints averaged, disk and GPU-hours (``cpu``: hours on the CPU, ``tokens_per_second``
+    being the CPU's, "auto": :func:`cpu_tokens_per_second` of ``threads``)."""
     max_tokens = int(config.get("dataset.max_tokens") or 0)
     update_freq = int((config.get("optimization.update_freq") or [1])[0])
     world = int(config.get("distributed_training.distributed_world_size") or 1)
@@ -346,21 +380,23 @@ def model_plan(data_bin: str, config: Dict, average: int, epoch_checkpoints: boo
              f"{per_update} padded tokens at most"]
     out = {"updates": None, "disk": None, "gpu_hours": None, "lines": lines}
     guess = ""
-    if glob_train(data_bin):
+    again = f"prepared again: {stale}" if stale else ""
+    if glob_train(data_bin) and not (stale and estimate):
         src, tgt = training_pair(data_bin)
         src_sizes, tgt_sizes = dataset_sizes(data_bin, src, tgt)
         batches, padded = batch_layout(src_sizes, tgt_sizes, max_tokens)
         per_epoch = updates_per_epoch(batches, world, update_freq)
         target_per_update = int(tgt_sizes.sum()) / per_epoch
         lines.append(f"training set: {len(src_sizes)} pairs, {batches} batches of --max-tokens {max_tokens}; "
-                     f"updates per epoch: {per_epoch}")
+                     f"updates per epoch: {per_epoch}" + (f" (the previous preparation's; {again})" if stale else ""))
         vocab = dictionary_size(data_bin, src) + (0 if same_dictionary(data_bin, src, tgt)
                                                   else dictionary_size(data_bin, tgt))
     elif estimate:
         target_per_update = per_update * TARGET_SHARE
         per_epoch = max(1, round(estimate.pairs * estimate.target_tokens_per_pair / target_per_update))
-        vocab, guess = estimate.vocab, f" ({estimate.describe()})"
+        vocab, guess = estimate.vocab, f" ({again + '; ' if again else ''}{estimate.describe()})"
         lines.append(f"updates per epoch: ~{per_epoch}{guess}")
+        out["estimated"] = True
     else:
         budget = " or ".join(x for x in (max_update and f"update {max_update}", max_epoch and f"epoch {max_epoch}") if x)
         lines.append(f"ends at {budget}; updates per epoch, checkpoints and disk once {data_bin} is prepared")
@@ -389,19 +425,25 @@ def model_plan(data_bin: str, config: Dict, average: int, epoch_checkpoints: boo
     lines.append(f"disk: about {human_bytes(kept * size)} ({human_bytes(size)} a checkpoint with Adam's state)"
                  + (" (estimated)" if guess else ""))
     if cpu:
-        if tokens_per_second:
-            out["cpu_hours"] = end * target_per_update / tokens_per_second / 3600
-            lines.append(f"time: {out['cpu_hours']:.1f} h on the CPU at {tokens_per_second:,.0f} target tokens a second "
-                         "(train.tokens_per_second: fairseq's wps in train.log on your CPU)"
+        auto = tokens_per_second == "auto"
+        rate = cpu_tokens_per_second(config, vocab, threads) if auto else tokens_per_second
+        if rate:
+            out["cpu_hours"] = end * target_per_update / rate / 3600
+            how = (f"auto: {threads} thread(s) at {CPU_FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s, as measured on an x86 "
+                   f"server, over 6 x {parameters(config, vocab):,} parameters" if auto else "train.tokens_per_second")
+            lines.append(f"time: {duration(out['cpu_hours'])} on the CPU at {rate:,.0f} target tokens a second ({how}; "
+                         "set train.tokens_per_second from fairseq's wps in train.log on your CPU)"
                          + (" (estimated)" if guess else ""))
         else:
-            lines.append("time on the CPU: unknown; set train.tokens_per_second from fairseq's wps (train.log)")
+            lines.append("time on the CPU: unknown" + (f" (auto assumes no speed for a model under {CPU_AUTO_WIDTH} wide)"
+                                                       if auto else "")
+                         + "; set train.tokens_per_second from fairseq's wps (train.log)")
     elif tokens_per_second:
         # tokens_per_second is a GPU's: the updates' target tokens over it are GPU-seconds, shared by the world
         gpu_hours = end * target_per_update / tokens_per_second / 3600
         out["gpu_hours"] = gpu_hours
-        lines.append(f"time: {gpu_hours / world:.1f} h on {world} GPU(s) at {tokens_per_second:,.0f} target tokens a "
-                     f"second a GPU ({gpu_hours:.1f} GPU-hours; an assumption: set train.tokens_per_second from "
+        lines.append(f"time: {duration(gpu_hours / world)} on {world} GPU(s) at {tokens_per_second:,.0f} target tokens "
+                     f"a second a GPU ({duration(gpu_hours, gpu=True)}; an assumption: set train.tokens_per_second from "
                      f"fairseq's wps){' (estimated)' if guess else ''}")
     return out
 
@@ -412,15 +454,21 @@ def glob_train(data_bin: str) -> bool:
     return bool(glob.glob(os.path.join(data_bin, "train.*-*.*.idx")))
 
 
-def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object], stream=None):
-    """The plan of every distinct model of ``study``, then the totals, in the dry run. ``same``: model
-    key -> the earlier model it is (recipes/rules/train.smk's ``_same_as``: one checkpoint
-    directory, trained once), planned with that one."""
+def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object], stream=None,
+                     cores: Optional[int] = None, jobs: Optional[int] = None):
+    """The plan of every distinct model of ``study``, then the totals of those to train, in the dry
+    run. ``same``: model key -> the earlier model it is (recipes/rules/train.smk's ``_same_as``: one
+    checkpoint directory, trained once), planned with that one. ``cores``: Snakemake's --cores,
+    where the jobs run here; ``jobs``: its --jobs, where a profile or executor runs them."""
     stream = stream or sys.stderr
     totals = {"updates": 0, "disk": 0, "gpu_hours": 0.0, "cpu_hours": 0.0}
     cpu = study.train["device"] == "cpu"
-    unknown = []
+    # Snakemake gives a job at most --cores threads
+    threads = min(int(study.train["threads"]), cores or int(study.train["threads"]))
+    unknown, estimated, hours = [], False, []
     estimate = study.corpus_estimate()
+    stale = stale_data(study)
+    states = training_states(study, resolved, same, stale)
     for model in study.models:
         config, config_id = resolved[model.key]
         if model.key in same:
@@ -430,25 +478,34 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
         try:
             plan = model_plan(study.data_bin(), config, study.average(model), study.evaluate["checkpoints"] == "epoch",
                               study.tokens_per_second(model), keeps_three=model.kind == "vanilla", estimate=estimate,
-                              cpu=cpu)
+                              cpu=cpu, threads=threads, stale=stale)
         except PlanError as e:
             raise PlanError(f"{model.key}: {e}") from None
+        to_train, lines = states[model.key]
         print(f"| plan {model.key} (configuration {config_id}):", file=stream)
-        for line in plan["lines"] + changes_since_trained(study, model, config, config_id):
+        for line in plan["lines"] + lines:
             print(f"|   {line}", file=stream)
+        if not to_train:
+            continue
         for name in totals:
             totals[name] += plan.get(name) or 0
+        hours.append(plan.get("cpu_hours") or 0)
+        estimated |= bool(plan.get("estimated"))
         if plan["updates"] is None:
             unknown.append(model.key)
-    line = f"| plan total: {len(study.models) - len(same)} model(s) to train"
-    line += f", {totals['updates']} updates" + (f" and those of {len(unknown)} trained by epochs" if unknown else "")
+    distinct = len(study.models) - len(same)
+    count = sum(to_train for to_train, _ in states.values())
+    line = f"| plan total: {distinct} model(s), {count or 'nothing'} to train"
+    line += f" ({distinct - count} trained)" if count < distinct else ""
+    if count:
+        line += f", {totals['updates']} updates" + (f" and those of {len(unknown)} trained by epochs" if unknown else "")
     if totals["disk"]:
         line += f", about {human_bytes(totals['disk'])} of checkpoints"
     if totals["gpu_hours"]:
-        line += f", {totals['gpu_hours']:.1f} GPU-hours"
+        line += f", {duration(totals['gpu_hours'], gpu=True)}"
     if totals["cpu_hours"]:
-        line += f", {totals['cpu_hours']:.1f} h on the CPU, one model after another"
-    if estimate and not glob_train(study.data_bin()) and (totals["disk"] or totals["gpu_hours"] or totals["cpu_hours"]):
+        line += f", {duration(totals['cpu_hours'])} on the CPU, " + cpu_schedule(hours, threads, cores, jobs)
+    if estimated and (totals["disk"] or totals["gpu_hours"] or totals["cpu_hours"]):
         line += " (estimated before the corpus is prepared)"
     print(line, file=stream)
     from posenc_workflow.workflow import local_gpus
@@ -457,6 +514,138 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
         print("| plan: no GPU on this machine: the trainings and decodes run through a profile or executor "
               "(--profile recipes/profiles/slurm); run here they are refused (train.device: cpu runs them on the CPU)",
               file=stream)
+
+
+def cpu_schedule(hours: List[float], threads: int, cores: Optional[int], jobs: Optional[int]) -> str:
+    """How the CPU trainings of ``hours`` each run: Snakemake starts as many at once as --cores
+    holds jobs of ``threads``, or as --jobs says where it is given (a profile or executor, or -j
+    here: --cores then limits nothing), each next one on the first slot free (a warm start or
+    student waits for its start or teacher: later, not counted)."""
+    how = ", ".join(([f"--jobs {jobs}"] if jobs else [f"--cores {cores}"] if cores else [])
+                    + [f"{threads} thread(s) each"])
+    at_once = min(len(hours), jobs or max(1, (cores or 1) // max(threads, 1)))
+    if len(hours) == 1:
+        return f"one training ({how})"
+    if at_once == 1:
+        return f"one model after another ({how})"
+    slots = [0.0] * at_once
+    for h in sorted(hours, reverse=True):
+        slots[slots.index(min(slots))] += h
+    return f"{at_once} at a time ({how}): about {duration(max(slots))} from the first start"
+
+
+def stale_data(study) -> str:
+    """Why the study's prepared training data (its data-bin) is prepared again before anything
+    trains, as Snakemake will find: '' where it is not prepared, or will not be. An input of the
+    corpus newer than it (a files corpus's files, a shipped corpus's sources file and archives),
+    other preparation settings than DATA/prepared.json's, or a split made before its corpus or with
+    another split.train_below or split.unit. Edited scripts are left out: Snakemake prepares again
+    only where their content changed, which their times do not say."""
+    from posenc_workflow.corpus import Corpus
+
+    if study.facts["style"] == "toy":
+        return ""
+    corpus_bin = os.path.join(study.data, "data-bin")
+    prepared = _oldest(corpus_bin)
+    if prepared is None:
+        return ""
+    corpus = Corpus(study)
+    inputs = corpus.own_files() if study.facts["style"] == "files" else [corpus.sources, *corpus.archive_paths()]
+    newer = [path for path in inputs if os.path.isfile(path) and os.path.getmtime(path) > prepared]
+    if newer:
+        return f"{', '.join(newer)} newer than {corpus_bin}"
+    try:
+        with open(os.path.join(study.data, "prepared.json"), encoding="utf-8") as f:
+            record = json.load(f).get("preparation") or {}
+    except (OSError, ValueError):
+        record = None
+    ours = json.loads(json.dumps(corpus.preparation()))
+    if record is not None and record != ours:
+        return ", ".join(f"corpus.{k} {json.dumps(ours.get(k))} (prepared with {json.dumps(record.get(k))})"
+                         for k in sorted(set(record) | set(ours)) if record.get(k) != ours.get(k))
+    if not study.split:
+        return ""
+    split_bin = study.data_bin()
+    made = _oldest(split_bin)
+    if made is None:
+        return ""
+    if _newest(corpus_bin) > made:
+        return f"{corpus_bin} newer than the split's {split_bin}"
+    try:
+        with open(os.path.join(os.path.dirname(split_bin), "text", "split.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return ""
+    changed = [f"split.{k} {study.split[k]} (split with {manifest[k]})" for k in ("train_below", "unit")
+               if k in manifest and manifest[k] != study.split[k]]
+    return ", ".join(changed)
+
+
+def _train_files(data_bin: str) -> List[str]:
+    import glob
+
+    return glob.glob(os.path.join(data_bin, "train.*-*.*.idx")) + glob.glob(os.path.join(data_bin, "train.*-*.*.bin"))
+
+
+def _oldest(data_bin: str) -> Optional[float]:
+    files = _train_files(data_bin)
+    return min(map(os.path.getmtime, files)) if files else None
+
+
+def _newest(data_bin: str) -> float:
+    return max(map(os.path.getmtime, _train_files(data_bin)), default=0.0)
+
+
+def training_states(study, resolved: Dict[str, tuple], same: Dict[str, object], stale: str) -> Dict[str, tuple]:
+    """model key -> (whether it trains, the plan's lines on why or why not), for each distinct model:
+    it trains where its record (trained.json) is missing, names another configuration or code, its
+    data is prepared again (``stale``) or is newer than the record, or its start or teacher trains or
+    is newer than the record."""
+    states = {}
+    for model in study.models:
+        if model.key in same:
+            continue
+        config, config_id = resolved[model.key]
+        path = os.path.join(study.model_dir(model), "trained.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                record = json.load(f)
+            recorded = "keyed" in record
+        except (OSError, ValueError, TypeError):
+            recorded = False
+        if not recorded:
+            states[model.key] = (True, [])
+            continue
+        lines = changes_since_trained(study, model, config, config_id)
+        # the budget is no part of the configuration's hash: a longer one goes on in its directory
+        from posenc_workflow.train_config import budget
+
+        was, now = record.get("budget") or {}, dict(zip(("max_update", "max_epoch"), budget(config)))
+        if [was.get(k) for k in now] != list(now.values()):
+            lines.append(f"trains again: its budget changed since {path}: "
+                         + "; ".join(f"{k}: {was.get(k)} -> {v}" for k, v in now.items() if was.get(k) != v))
+        if stale:
+            lines.append(f"trains again: its data is prepared again ({stale})")
+        elif _newest(study.data_bin()) > os.path.getmtime(path):
+            lines.append(f"trains again: {study.data_bin()} is newer than {path}")
+        # the inputs recipes/rules/train.smk gives it: a start's record, a teacher's average
+        for name, file in ((model.start, "trained.json"), (model.teacher, "averaged.pt")):
+            before = name and os.path.join(study.model_dir(study.model(name, model.seed)), file)
+            if before and os.path.exists(before) and os.path.getmtime(before) > os.path.getmtime(path):
+                lines.append(f"trains again: {before} is newer than {path}")
+        states[model.key] = (bool(lines), lines)
+    for _ in states:  # a chain of starts: at most as long as the models
+        for model in study.models:
+            for role, name in (("start", model.start), ("teacher", model.teacher)):
+                if model.key not in states or states[model.key][0] or not name:
+                    continue
+                other = study.model(name, model.seed)
+                other = same.get(other.key, other)
+                if states[other.key][0]:
+                    states[model.key] = (True, [f"trains again: its {role} {other.key} trains"])
+    return {model.key: (states[model.key][0], states[model.key][1] if states[model.key][0] else [
+        f"trained: {os.path.join(study.model_dir(model), 'trained.json')}, with its configuration, code and data as "
+        "they are: not in the total"]) for model in study.models if model.key in states}
 
 
 def changes_since_trained(study, model, config: Dict, config_id: str) -> List[str]:

@@ -2,17 +2,18 @@
 """The reports of recipes/Snakefile's studies, from the models' files (each under
 OUT/models/NAME/seedS: trained.json, averaged.pt, label.txt, test.txt, score.txt).
 
-    # the score lines of every model, one file
+    # the score lines of every model, one file, each under its row's name
     python recipes/posenc_workflow/report.py results --models DIR... --out OUT/results.txt
     # per bin of source length: SacreBLEU, chrF, length ratio over seeds, each row against the baseline
     python recipes/posenc_workflow/report.py length --study STUDY.json --models DIR... --out OUT/bleu_by_length
     # the demo's tables (parameters, training time, learned biases) and its length report and plots
     python recipes/posenc_workflow/report.py demo --study STUDY.json --models DIR... --out OUT
 
-A row is named by its models' label (label.txt, read from the averaged checkpoint by
-``python -m fairseq_posenc.labels``; every seed of a row must have the same one) and the options in
-which its training differs from the other rows', read from averaged.pt's stored configuration
-(recipes/posenc_workflow/row_names.py): ``sinusoidal`` and ``sinusoidal (--encoder-layers 3)``.
+A row (results.txt's ``enc=``, the length report's rows) is named by its models' label (label.txt,
+read from the averaged checkpoint by ``python -m fairseq_posenc.labels``; every seed of a row must
+have the same one) and the options in which its training differs from the other rows', read from
+averaged.pt's stored configuration (recipes/posenc_workflow/row_names.py): ``sinusoidal`` and
+``sinusoidal (--encoder-layers 3)``.
 """
 import argparse
 import json
@@ -86,8 +87,25 @@ def labelled(model_dirs: List[str]) -> "OrderedDict[str, List[str]]":
     return out
 
 
+def row_name_of(model_dirs: List[str]) -> Dict[str, str]:
+    """model directory -> its row's name in the length report (:func:`labelled`), each test set's
+    decodes (OUT/WHERE/NAME/seedS, WHERE: models or tests/TEST) named among themselves."""
+    sets: "OrderedDict[str, List[str]]" = OrderedDict()
+    for path in model_dirs:
+        sets.setdefault(os.path.dirname(os.path.dirname(os.path.normpath(path))), []).append(path)
+    return {d: name for dirs in sets.values() for name, row in labelled(dirs).items() for d in row}
+
+
 def cmd_results(args):
-    lines = "".join(_read(os.path.join(d, "score.txt")) for d in args.models)
+    """Every score line, its ``enc=LABEL`` (scoring.py's --label, from label.txt) replaced by the
+    row's name: two rows of one label (sinusoidal and sinusoidal:--encoder-layers=1) are told apart."""
+    names = row_name_of(args.models)
+    out = []
+    for d in args.models:
+        label = _read(os.path.join(d, "label.txt")).strip()
+        for line in _read(os.path.join(d, "score.txt")).splitlines():
+            out.append(line.replace(f" | enc={label} ", f" | enc={names[d]} ", 1))
+    lines = "".join(line + "\n" for line in out)
     write_text_atomically(args.out, lines)
     print(lines, end="")
 
@@ -132,6 +150,8 @@ def _study_rows(args):
 
 
 def cmd_length(args):
+    from posenc_workflow.workflow import decoded_segmentation, length_bins
+
     # every generation read first: a file that would lose sentences is refused before anything else
     generations = {d: _generation(os.path.join(d, "test.detok.txt")) for d in args.models}
     study, rows, names = _study_rows(args)
@@ -140,8 +160,15 @@ def cmd_length(args):
     limits = {limit for limit in map(study_report.read_decoding_limit, texts) if limit is not None}
     longest = max(len(s.split()) for gens in runs.values() for g in gens for s in g.sources) + 1
     footer = " ".join(study_report.decoding_limit_note(a, b, longest) for a, b in sorted(limits))
-    bins = (study.get("report") or {}).get("bins") or (study.get("split") or {}).get("bins")
-    unit = (study.get("split") or {}).get("unit") or (study.get("report") or {}).get("unit", "words")
+    bins, unit = length_bins(study) or (None, "words")
+    segmented = decoded_segmentation(study)
+    if unit == "words" and segmented != "none":
+        # decoded in a split's subwords (S- lines too): report.bins count the words they make
+        from posenc_workflow.scoring import remove_bpe
+
+        for gens in runs.values():
+            for gen in gens:
+                gen.sources = [remove_bpe(source, segmented) for source in gen.sources]
     report = study_report.build_report(runs, bins, unit, _baseline(study, rows, names),
                                        seeds=study["models"]["seeds"], footer=footer, controls=_controls(rows))
     title = (study.get("report") or {}).get("title") or study["out"]

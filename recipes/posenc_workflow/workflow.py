@@ -380,6 +380,11 @@ class Study:
         from posenc_workflow.settings import check
 
         check(self, given)
+        # (the toy pair has no subwords: a word is one)
+        if (length_bins(config) or ("", ""))[1] == "subwords" and decoded_segmentation(config) == "none" \
+                and corpus["name"] != "toy":
+            raise ConfigError("report.unit subwords: the decoded sources are words here (no split in subwords: "
+                              "decoded with --remove-bpe); set report.unit words, or split.unit subwords")
         self._resolved: Dict[str, tuple] = {}
         self._check_rows(preflight)
         self.models = self._models()
@@ -814,14 +819,15 @@ class Study:
         return CorpusEstimate(pairs, words / max(lines, 1) + 1, bpe,
                               f"counted in {path}: {lines:,} lines, {words:,} target words", counted=True)
 
-    def tokens_per_second(self, model: "Model") -> Optional[float]:
-        """train.tokens_per_second, auto: Vaswani et al.'s P100 speed for base and big models
-        (plan.PAPER_TOKENS_PER_SECOND), none on CPUs (a CPU's speed is the user's to measure)."""
-        from posenc_workflow.plan import PAPER_TOKENS_PER_SECOND
+    def tokens_per_second(self, model: "Model"):
+        """train.tokens_per_second, auto: on GPUs Vaswani et al.'s P100 speed for base and big models
+        and an assumed one for iwslt (plan.GPU_TOKENS_PER_SECOND); on the CPU "auto", which the plan
+        works out from the model's parameters (plan.cpu_tokens_per_second)."""
+        from posenc_workflow.plan import GPU_TOKENS_PER_SECOND
 
         value = self.train.get("tokens_per_second", "auto")
         if value == "auto":
-            return None if self.train["device"] == "cpu" else PAPER_TOKENS_PER_SECOND.get(self.model_arch(model))
+            return "auto" if self.train["device"] == "cpu" else GPU_TOKENS_PER_SECOND.get(self.model_arch(model))
         return float(value) if value is not None else None
 
     def test_set(self) -> str:
@@ -903,6 +909,26 @@ def generate_command(study: "Study", averaged: str, test=None) -> List[str]:
 
 def segmentation(study: "Study") -> str:
     """How the decoded H- and T- lines are segmented (scoring.py detok-generation --bpe)."""
-    if study.config["corpus"]["name"] == "toy" or not study.split or study.split["unit"] == "words":
+    return decoded_segmentation(study.config)
+
+
+def decoded_segmentation(config: dict) -> str:
+    """:func:`segmentation` of a study's configuration (its record, study.json): the subwords of a
+    split in subwords (decoded without --remove-bpe, S- lines too), else none (words)."""
+    corpus, split = config.get("corpus") or {}, config.get("split")
+    if corpus.get("name") == "toy" or not split or split.get("unit", "subwords") == "words":
         return "none"
-    return "sentencepiece" if study.config["corpus"]["bpe"] == "sentencepiece" else "subword_nmt"
+    return "sentencepiece" if corpus.get("bpe") == "sentencepiece" else "subword_nmt"
+
+
+def length_bins(config: dict):
+    """The length report's (bins, unit), a pair: report.bins and report.unit where report.bins is
+    set, else a split's split.bins and split.unit; None: no length report. A pair, since a unit is
+    what its bins count; and report.bins, null unless given, says the report was asked for, where
+    report.unit's default (words) is filled in whether given or not."""
+    report, split = config.get("report") or {}, config.get("split")
+    if report.get("bins"):
+        return list(report["bins"]), report.get("unit", "words")
+    if split:
+        return list(split.get("bins") or []), split.get("unit", "subwords")
+    return None

@@ -54,8 +54,10 @@ rule study_config:
 
 
 rule results:
+    # each score line under its row's name, as the length report names it (from these files)
     input:
-        [d + "/score.txt" for s in SUFFIXES for d in test_dirs(s)],
+        [d + f for s in SUFFIXES for d in test_dirs(s)
+         for f in ("/score.txt", "/label.txt", "/averaged.pt", "/trained.json")],
         scripts=scripts(f"{WORKFLOW_PY}/report.py"),
     output:
         report(OUT + "/results.txt", category="scores"),

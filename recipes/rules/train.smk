@@ -72,7 +72,9 @@ if workflow.is_main_process:
         STUDY.check_same_rows()
     except wf.ConfigError as error:
         raise WorkflowError(f"configuration refused: {error}") from None
-    plan_module.print_study_plan(STUDY, {m.key: resolved(m) for m in STUDY.models}, _same_as())
+    # --cores where the jobs run here; --jobs (nodes) where a profile or executor runs them
+    plan_module.print_study_plan(STUDY, {m.key: resolved(m) for m in STUDY.models}, _same_as(),
+                                 cores=workflow.resource_settings.cores, jobs=workflow.nodes)
     _short = retention.unservable(STUDY, {m.key: resolved(m) for m in STUDY.models}, wf.code_key)
     if _short:
         raise WorkflowError(f"configuration refused: {retention.refusal(STUDY, _short)}")

@@ -48,7 +48,7 @@ def test_demo_writes_the_report_table_json_and_plot_with_floater_warm_started_be
 
     proc = demo(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| plan total: 6 model(s) to train, 1020 updates" in proc.stderr
+    assert "| plan total: 6 model(s), 6 to train, 1020 updates" in proc.stderr
     results = json.load(open(tmp_path / "results.json"))
     assert [row["encoding"] for row in results["rows"]] == ROWS
     assert [row["slug"] for row in results["rows"]] == SLUGS

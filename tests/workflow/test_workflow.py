@@ -20,7 +20,7 @@ def test_a_changed_setting_retrains_and_the_dry_run_names_the_flag_with_its_old_
     first = ok(snakemake(work, STUDY, target("sinusoidal")))
     # the plan, once per model, with its totals: the stub's budget on the toy corpus's real batches
     assert re.search(r"\| plan sinusoidal/seed1 \(configuration [0-9a-f]{12}\):", first)
-    assert "|   ends at update 6 (" in first and "| plan total: 1 model(s) to train, 6 updates" in first
+    assert "|   ends at update 6 (" in first and "| plan total: 1 model(s), 1 to train, 6 updates, about " in first
     assert [c["to"] for c in calls(work)] == [6]
     rec = record(work, "sinusoidal")
     assert rec["updates"] == 6 and rec["budget"]["max_update"] == 6
@@ -28,7 +28,11 @@ def test_a_changed_setting_retrains_and_the_dry_run_names_the_flag_with_its_old_
     assert rec["keyed"]["code"] and rec["software"]["torch"] == torch.__version__
     assert os.path.realpath(os.path.join(work, "study/models/sinusoidal/seed1/checkpoints")) == \
         os.path.realpath(os.path.join(work, rec["checkpoints"]))
-    assert ok(snakemake(work, STUDY, target("sinusoidal"), "-n")).count("rule train") == 0
+    dry = ok(snakemake(work, STUDY, target("sinusoidal"), "-n"))
+    assert dry.count("rule train") == 0
+    # the plan's total counts what trains: nothing, beside Snakemake's nothing to be done
+    assert "|   trained: study/models/sinusoidal/seed1/trained.json, with its configuration, code and data as they " \
+        "are: not in the total\n| plan total: 1 model(s), nothing to train (1 trained)\n" in dry
     changed = study(train__lr=0.006)
     dry = ok(snakemake(work, changed, target("sinusoidal"), "-n"))
     # Snakemake's reason: the configuration's hash, old and new, not the command
@@ -38,7 +42,7 @@ def test_a_changed_setting_retrains_and_the_dry_run_names_the_flag_with_its_old_
     assert "--lr" not in reason and len(reason) < 200
     # the plan names the flag that changed, with its old and new values
     assert "|   trains again, its configuration changed since study/models/sinusoidal/seed1/trained.json: " \
-        "lr: [0.003] -> [0.006]\n" in dry
+        "lr: [0.003] -> [0.006]\n| plan total: 1 model(s), 1 to train, 6 updates, about " in dry
     ok(snakemake(work, changed, target("sinusoidal")))
     # another configuration: another directory, trained from scratch; the first one is kept
     assert [(c["from"], c["to"]) for c in calls(work)] == [(0, 6), (0, 6)]
@@ -161,6 +165,11 @@ def test_floaters_variants_share_one_vanilla_job_and_another_start_restarts_them
     # a longer vanilla stage goes on in its directory; the stages started from it start over from
     # its new best checkpoint (their hash holds the start's content), not from their old checkpoints
     config["warm_start"]["vanilla"]["max_update"] = 7
+    dry = ok(snakemake(work, config, *targets, "-n"))
+    # the plan counts all four: the vanilla stage's budget changed, the others start from it
+    assert "|   trains again: its budget changed since study/models/vanilla/seed1/trained.json: max_update: 5 -> 7\n" \
+        in dry and dry.count("|   trains again: its start vanilla/seed1 trains\n") == 3
+    assert "| plan total: 4 model(s), 4 to train, " in dry
     ok(snakemake(work, config, *targets))
     again = calls(work)[len(trained):]
     assert [(c["from"], c["to"]) for c in again if c["init"] is None and "--finetune-from-model" not in c["argv"]] \
@@ -399,7 +408,7 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     assert stats["extrapolation"]["length_split"] == "1"
     assert "nodes=2, tasks=2, mpi=srun" in outs["floater_table2_big_2x8"]
     # before anything is prepared, the plan's disk and GPU-hours are estimated from the corpus's
-    # published size (at Vaswani et al.'s speed, IWSLT's file's 25000 tokens a second)
+    # published size (at Vaswani et al.'s speed, the IWSLT model's assumed 25000 tokens a second)
     for name, out in outs.items():
         total = re.search(r"^\| plan total: .*$", out, re.M).group(0)
         assert (name in ("demo", "iwslt14_cpu")) != bool(re.search(

@@ -413,3 +413,60 @@ def test_corpus_clean_reaches_the_segment_rules_params_and_leaves_fairseqs_rule_
         segment("demo", corpus={"clean": {"max_len": 100}})
     assert str(error.value) == "corpus.clean.max_len 100: corpus.name toy is the demo's generated pair, which is not " \
                                "cleaned"
+
+
+def test_a_cpu_studys_plan_counts_what_trains_at_a_cpus_speed_and_no_stale_training_set(tmp_path):
+    """files.yaml's IWSLT model on the CPU, with the stub fairseq-train: the plan's time at the CPU
+    speed of train.tokens_per_second auto (not a GPU's), in minutes under an hour, the trainings
+    run at once on --cores; its totals count only what trains; after an edit of the files, the
+    training set counted in them, not in the data prepared before."""
+    root = str(checkout(tmp_path))
+    work = tmp_path / "work"
+    work.mkdir()
+    write_plain_pairs(str(work / "train"), 150, "de", "en", seed=1)
+    write_plain_pairs(str(work / "tst"), 5, "de", "en", seed=2, lengths=(3, 6))
+    write_study(work / "study.yaml", {
+        "out": "study", "models": {"encodings": ["sinusoidal", "alibi"]},
+        "corpus": {"pair": "de-en", "train": {"src": "train.de", "tgt": "train.en"},
+                   "test": {"tst": {"src": "tst.de", "tgt": "tst.en"}}, "bpe_size": 60, "workers": 1},
+        "train": {"device": "cpu", "precision": "fp32", "max_update": 40}, "evaluate": {"checkpoints": "epoch", "average": 2}})
+
+    def plan(*args):
+        out = ok(run_sh(root, work, "files", "study.yaml", "-n", *args, stub=True))
+        return [line for line in out.splitlines() if line.startswith("| plan") or line.startswith("|   ")]
+
+    # before the corpus is prepared: 40 updates of ~3,125 target tokens (4,096 padded) a model, at the
+    # measured 70 GFLOP/s of a thread over 6 x the IWSLT model's parameters with 60 embedding rows
+    dry = plan("--cores", "2")
+    speed = "on the CPU at 367 target tokens a second (auto: 1 thread(s) at 70 GFLOP/s, as measured on an x86 " \
+            "server, over 6 x 31,574,016 parameters; set train.tokens_per_second from fairseq's wps in train.log " \
+            "on your CPU) (estimated)"
+    assert dry.count(f"|   time: 6 min {speed}") == 2
+    assert dry[-1] == "| plan total: 2 model(s), 2 to train, 80 updates, about 3.0 GB of checkpoints, 11 min on " \
+        "the CPU, 2 at a time (--cores 2, 1 thread(s) each): about 6 min from the first start (estimated before " \
+        "the corpus is prepared)"
+    assert plan("--cores", "1")[-1].endswith(", 11 min on the CPU, one model after another (--cores 1, 1 thread(s) "
+                                             "each) (estimated before the corpus is prepared)")
+
+    # one model trained (the corpus prepared): the other alone to train
+    ok(run_sh(root, work, "files", "study.yaml", "-c1", "study/models/sinusoidal/seed1/trained.json", stub=True))
+    data = next((work / "data").iterdir())
+    dry = plan("--cores", "2")
+    assert "|   trained: study/models/sinusoidal/seed1/trained.json, with its configuration, code and data as they " \
+        "are: not in the total" in dry
+    assert dry[-1] == "| plan total: 2 model(s), 1 to train (1 trained), 40 updates, about 1.5 GB of checkpoints, 2 min " \
+        "on the CPU, one training (--cores 2, 1 thread(s) each)"
+    counted = [line for line in dry if line.startswith("|   training set: ")]
+    assert len(counted) == 2 and counted[0].startswith("|   training set: 149 pairs, ")
+
+    # the files edited (300 pairs): the size counted in them, and both models train again
+    write_plain_pairs(str(work / "train"), 300, "de", "en", seed=3)
+    out = ok(run_sh(root, work, "files", "study.yaml", "-n", "--cores", "2", stub=True))
+    assert re.search(r"^(local)?rule gather:", out, re.M)  # Snakemake prepares them again
+    again = f"prepared again: train.de, train.en newer than data/{data.name}/data-bin"
+    words = sum(len(line.split()) for line in lines(work / "train.en"))
+    assert out.count(f"|   updates per epoch: ~1 ({again}; 297 training pairs (counted in train.en: 300 lines, "
+                     f"{words:,} target words) of ") == 2
+    assert "training set: " not in out
+    assert f"|   trains again: its data is prepared again ({again[len('prepared again: '):]})" in out
+    assert re.search(r"^\| plan total: 2 model\(s\), 2 to train, 80 updates, .* 2 at a time \(--cores 2, ", out, re.M)
