@@ -312,8 +312,9 @@ def one_line_flag_errors(plugin_flags):
         named = re.match(r"argument (--[\w-]+)", message)
         if named and named.group(1) in plugin:
             self.exit(2, f"{self.prog}: error: {message}\n")
-        if message.startswith("unrecognized arguments: "):
-            known = self._option_string_actions
+        known = self._option_string_actions
+        # fairseq's parsers only (they load the plugin: --user-dir), not another program's
+        if message.startswith("unrecognized arguments: ") and "--user-dir" in known:
             # a training parser: fairseq-train's (fairseq-generate's has no --max-update)
             training = "--max-update" in known
             hints = [(token, _flag_hint(token, known, plugin, training, self.prog))

@@ -156,6 +156,9 @@ UNKNOWN = [
      "unrecognized arguments: --relation-weigth 2; did you mean --relation-weight?"),
     ("train --relation-heads without its criterion", "fairseq-train", [*TRAIN, "--relation-heads", "4"],
      "unrecognized arguments: --relation-heads 4; --relation-heads is an option of --criterion relation_distillation"),
+    ("train two misspelt", "fairseq-train", [*TRAIN, "--rope-thetaa", "5", "--segment-attentio"],
+     "unrecognized arguments: --rope-thetaa 5 --segment-attentio; --rope-thetaa: did you mean --rope-theta?; "
+     "--segment-attentio: did you mean --segment-attention?"),
     ("generate --rope-thetaa", "fairseq-generate", ["--rope-thetaa", "5"],
      "unrecognized arguments: --rope-thetaa 5; did you mean --rope-theta? --rope-theta is a training option "
      "(fairseq-train --arch transformer_posenc): fairseq-generate takes the model's options from its checkpoint"),
@@ -229,7 +232,6 @@ def test_the_walk_covers_every_option_the_plugin_adds_to_fairseqs_parser():
     assert {"--position-encoding", "--rope-theta", "--segment-attention", "--relation-heads",
             "--teacher-encoder-layer"} <= found
     assert not {"--encoder-layers", "--label-smoothing", "--lr"} & found
-    assert len(found) == 38
 
 
 def test_every_option_refuses_each_invalid_value_in_one_line_naming_the_flag(runs):
