@@ -4,7 +4,7 @@ from . import compat, update_hooks
 compat.apply()
 update_hooks.install()
 
-from . import criterions, models  # noqa: E402,F401  (register with fairseq on import)
+from . import criterions, models, options  # noqa: E402,F401  (register with fairseq on import)
 
 models.config.load_checkpoints_as_saved()
-models.config.one_line_flag_errors()
+compat.one_line_flag_errors(options.plugin_flags)

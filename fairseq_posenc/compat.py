@@ -7,6 +7,7 @@ which versions, and the test that fails without it.
 import argparse
 import builtins
 import collections
+import difflib
 import functools
 import logging
 import os
@@ -270,6 +271,64 @@ def bf16_without_tpu():
 
     call_main.bf16_without_tpu = True
     distributed_utils.call_main = call_main
+
+
+def _flag_hint(token: str, known, plugin: dict, training: bool, prog: str):
+    """What to say of an unrecognized ``token`` (``--flag`` or ``--flag=value``): the plugin's flag
+    it misspells or a plugin flag this parser lacks, and what selects it; None when it does not look
+    like a plugin flag (its closest option is fairseq's, or none is close)."""
+    flag = token.split("=", 1)[0]
+    if flag in plugin:
+        where = flag
+    else:
+        close = difflib.get_close_matches(flag, list(known) + list(plugin), n=1)
+        if not close or close[0] not in plugin:
+            return None
+        where = close[0]
+    if where in known:
+        return f"did you mean {where}?"
+    if training:
+        said = f"{where} is an option of {plugin[where]}"
+    else:
+        said = (f"{where} is a training option (fairseq-train {plugin[where]}): {prog} takes the model's options "
+                "from its checkpoint")
+    return said if where == flag else f"did you mean {where}? {said}"
+
+
+def one_line_flag_errors(plugin_flags):
+    """argparse prints its parser's whole usage (fairseq-train's: about 200 lines) before the error
+    line. Only the error line (argparse's exit status 2) for a bad value of one of the plugin's flags
+    (``plugin_flags()``: {flag: what selects it}), and for an unrecognized flag that is one of them
+    or whose closest option is one: with the flag meant, and where it is not in this parser, what
+    selects it (fairseq-generate: it is a training option). fairseq's own flags keep argparse's
+    output."""
+    original = argparse.ArgumentParser.error
+    if getattr(original, "posenc_one_line", False):
+        return
+
+    @functools.wraps(original)
+    def error(self, message):
+        plugin = plugin_flags()
+        named = re.match(r"argument (--[\w-]+)", message)
+        if named and named.group(1) in plugin:
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        known = self._option_string_actions
+        # fairseq's parsers only (they load the plugin: --user-dir), not another program's
+        if message.startswith("unrecognized arguments: ") and "--user-dir" in known:
+            # a training parser: fairseq-train's (fairseq-generate's has no --max-update)
+            training = "--max-update" in known
+            hints = [(token, _flag_hint(token, known, plugin, training, self.prog))
+                     for token in message.split(": ", 1)[1].split() if token.startswith("--")]
+            hints = [(token, hint) for token, hint in hints if hint]
+            if len(hints) == 1:
+                self.exit(2, f"{self.prog}: error: {message}; {hints[0][1]}\n")
+            if hints:
+                said = "; ".join(f"{token.split('=', 1)[0]}: {hint}" for token, hint in hints)
+                self.exit(2, f"{self.prog}: error: {message}; {said}\n")
+        original(self, message)
+
+    error.posenc_one_line = True
+    argparse.ArgumentParser.error = error
 
 
 def apply():

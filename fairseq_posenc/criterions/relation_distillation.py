@@ -10,6 +10,9 @@ the dictionaries and the number of relation heads.
 The vectors are the layers' query/key/value projections of the self-attention input, before any
 position term (RoPE rotation, FLOATER bias), so that models with different encodings compare.
 """
+import argparse
+import dataclasses
+import inspect
 import math
 import os
 from dataclasses import dataclass, field
@@ -26,6 +29,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from torch import Tensor
 
 from ..compat import PosencError
+from ..positions import values
+from ..positions.values import Values
 
 RELATIONS = {"qq": "q_proj", "kk": "k_proj", "vv": "v_proj"}
 SITES = {"enc": "encoder", "dec": "decoder"}
@@ -61,17 +66,21 @@ def relation_kl(teacher: Tensor, student: Tensor, heads: int, padding_mask: Tens
     return kl.masked_select(real).sum(), real.sum()
 
 
+def _check_layer(who: str, site: str, index: int, count: int):
+    reason = values.layer_refusal(_FIELD[f"{who}_{SITES[site]}_layer"], index, count)
+    if reason:
+        raise PosencError(reason)
+
+
 class SelfAttentionInputs:
     """Records the input of one self-attention layer per site, and projects it on demand."""
 
-    def __init__(self, model, layers: Dict[str, int]):
+    def __init__(self, model, layers: Dict[str, int], who: str):
         self.inputs: Dict[str, Tensor] = {}
         self.attention = {}
         for site, index in layers.items():
             stack = getattr(model, SITES[site])
-            count = len(stack.layers)
-            if not -count <= index < count:
-                raise ValueError(f"layer {index} does not exist: the {SITES[site]} has {count} layers")
+            _check_layer(who, site, index, len(stack.layers))
             attention = stack.layers[index].self_attn
             attention.register_forward_pre_hook(self._recorder(site), with_kwargs=True)
             self.attention[site] = attention
@@ -91,24 +100,51 @@ class SelfAttentionInputs:
         return F.linear(self.inputs[site], projection.weight, projection.bias)
 
 
+def _layer(who: str, side: str):
+    return field(default=-1, metadata={"help": f"{who} {side} layer (default: last)",
+                                       "values": Values(layer=f"{who}'s {side}")})
+
+
 @dataclass
 class RelationDistillationConfig(LabelSmoothedCrossEntropyCriterionConfig):
     teacher_path: Optional[str] = field(
-        default=None, metadata={"help": "checkpoint of the teacher (any plugin architecture, same dictionaries)"}
+        default=None, metadata={"help": "checkpoint of the teacher (any plugin architecture, same dictionaries)",
+                                "values": Values(file=True)}
     )
     relation_heads: int = field(
         default=64,
         metadata={"help": "relation heads A_r, shared by teacher and student; must divide both attention widths "
-                          "(64 divides every power-of-two width from 64 up; MiniLMv2 used 48 at BERT's 768)"},
+                          "(64 divides every power-of-two width from 64 up; MiniLMv2 used 48 at BERT's 768)",
+                  "values": Values(low=1)},
     )
-    relations: str = field(default="qq,kk,vv", metadata={"help": "comma-separated relations among qq, kk, vv"})
-    relation_weight: float = field(default=1.0, metadata={"help": "weight of the relation loss"})
+    relations: str = field(default="qq,kk,vv", metadata={"help": "comma-separated relations among qq, kk, vv",
+                                                         "values": Values(choices=tuple(RELATIONS), subset=True)})
+    # 0 would train plain label-smoothed cross-entropy with a teacher run for nothing: a flag that
+    # changes nothing is refused
+    relation_weight: float = field(default=1.0, metadata={
+        "help": "weight of the relation loss",
+        "values": Values(low=0, above=True, why="at 0 use --criterion label_smoothed_cross_entropy")})
     no_encoder_relations: bool = field(default=False, metadata={"help": "do not distil encoder self-attention"})
     no_decoder_relations: bool = field(default=False, metadata={"help": "do not distil decoder self-attention"})
-    teacher_encoder_layer: int = field(default=-1, metadata={"help": "teacher encoder layer (default: last)"})
-    teacher_decoder_layer: int = field(default=-1, metadata={"help": "teacher decoder layer (default: last)"})
-    student_encoder_layer: int = field(default=-1, metadata={"help": "student encoder layer (default: last)"})
-    student_decoder_layer: int = field(default=-1, metadata={"help": "student decoder layer (default: last)"})
+    teacher_encoder_layer: int = _layer("teacher", "encoder")
+    teacher_decoder_layer: int = _layer("teacher", "decoder")
+    student_encoder_layer: int = _layer("student", "encoder")
+    student_decoder_layer: int = _layer("student", "decoder")
+
+
+#: the options the criterion adds to fairseq's label-smoothed cross-entropy
+OPTIONS = [f for f in dataclasses.fields(RelationDistillationConfig)
+           if f.name not in {g.name for g in dataclasses.fields(LabelSmoothedCrossEntropyCriterionConfig)}]
+_FIELD = {f.name: f for f in OPTIONS}
+
+
+def check_options(args):
+    """One line (:class:`PosencError`) for the first option of the criterion in ``args`` whose value
+    it does not take, or for both sites switched off; what needs the models is checked where they
+    are known (:class:`RelationDistillationCriterion`)."""
+    values.check(OPTIONS, args)
+    if getattr(args, "no_encoder_relations", False) and getattr(args, "no_decoder_relations", False):
+        raise PosencError("--no-encoder-relations and --no-decoder-relations leave nothing to distil")
 
 
 @register_criterion("relation_distillation", dataclass=RelationDistillationConfig)
@@ -116,37 +152,46 @@ class RelationDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
                  teacher_path=None, relation_heads=64, relations="qq,kk,vv", relation_weight=1.0,
                  no_encoder_relations=False, no_decoder_relations=False, teacher_encoder_layer=-1,
-                 teacher_decoder_layer=-1, student_encoder_layer=-1, student_decoder_layer=-1):
+                 teacher_decoder_layer=-1, student_encoder_layer=-1, student_decoder_layer=-1, student=None):
+        """``student``: the student's model config where it is known before the model (fairseq-train
+        builds the criterion from it, :meth:`build_criterion`): its layers and widths are checked
+        here, with the teacher's, before any training step."""
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        self.relations = [r.strip() for r in relations.split(",") if r.strip()]
-        unknown = set(self.relations) - set(RELATIONS)
-        if unknown or not self.relations:
-            raise ValueError(f"--relations takes a comma-separated subset of {', '.join(RELATIONS)}, got {relations!r}")
-        if relation_heads <= 0:
-            raise ValueError(f"--relation-heads must be positive, got {relation_heads}")
+        given = {name: value for name, value in locals().items() if name in _FIELD}
+        check_options(argparse.Namespace(**given))
+        self.relations = [r.strip() for r in relations.split(",")]
         self.sites = [s for s, off in (("enc", no_encoder_relations), ("dec", no_decoder_relations)) if not off]
-        if not self.sites:
-            raise ValueError("--no-encoder-relations and --no-decoder-relations leave nothing to distil")
         self.heads, self.weight = relation_heads, relation_weight
         self.teacher_layers = {"enc": teacher_encoder_layer, "dec": teacher_decoder_layer}
         self.student_layers = {"enc": student_encoder_layer, "dec": student_decoder_layer}
+        if student is not None:  # before the teacher is loaded
+            for site in self.sites:
+                _check_layer("student", site, self.student_layers[site], getattr(student, f"{SITES[site]}_layers"))
         teacher = load_teacher(teacher_path, task)
         # A plain tuple: the teacher is neither trained, nor saved with the criterion, nor put
         # in training mode by criterion.train().
-        self._teacher = (teacher, SelfAttentionInputs(teacher, {s: self.teacher_layers[s] for s in self.sites}))
-        self.check_widths(self._teacher[1].widths(), "teacher")
+        self._teacher = (teacher, SelfAttentionInputs(teacher, {s: self.teacher_layers[s] for s in self.sites},
+                                                      "teacher"))
+        if student is None:
+            self.check_widths(self._teacher[1].widths(), "teacher")
+        else:
+            self.check_both_widths(self._teacher[1].widths(), student_widths(student))
         self._student = None
 
     @classmethod
+    def add_args(cls, parser):
+        """fairseq's, and the options' values checked once parsed, before any data is read."""
+        super().add_args(parser)
+        values.check_when_parsed(parser, OPTIONS, check_options)
+
+    @classmethod
     def build_criterion(cls, cfg, task):
-        """As fairseq builds every criterion, then the student's widths are checked from its
-        config (fairseq-train builds the model first): a bad --relation-heads stops at start-up,
-        not at the first training step."""
-        criterion = super().build_criterion(cfg, task)
-        student = _model_config(cfg)
-        if student is not None:
-            criterion.check_widths(student_widths(student), "student")
-        return criterion
+        """As fairseq builds every criterion, with the student's config (fairseq-train builds the
+        model first): a bad --relation-heads or student layer stops at start-up, not at the first
+        training step."""
+        taken = {name: getattr(cfg, name) for name in inspect.signature(cls).parameters
+                 if name not in ("task", "student") and hasattr(cfg, name)}
+        return cls(task, **taken, student=_model_config(cfg))
 
     def check_widths(self, widths: Dict[str, int], who: str):
         """``widths``: the attention width (heads x head size) of each site."""
@@ -156,6 +201,21 @@ class RelationDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
                     f"--relation-heads {self.heads} does not divide the attention width {widths[site]} of the "
                     f"{who}'s {SITES[site]}; choose a divisor of {widths[site]}"
                 )
+
+    def check_both_widths(self, teacher: Dict[str, int], student: Dict[str, int]):
+        """One line naming the teacher's and the student's widths where ``--relation-heads`` does not
+        divide one of them."""
+        if all(widths[site] % self.heads == 0 for widths in (teacher, student) for site in self.sites):
+            return
+        common = math.gcd(*(widths[site] for widths in (teacher, student) for site in self.sites))
+        divisors = [d for d in range(1, common + 1) if common % d == 0]
+
+        def named(widths):
+            return " and ".join(str(w) for w in sorted({widths[site] for site in self.sites}))
+
+        raise PosencError(
+            f"--relation-heads {self.heads} must divide both attention widths, the teacher's ({named(teacher)}) and "
+            f"the student's ({named(student)}); choose one of {', '.join(map(str, divisors))}")
 
     def forward(self, model, sample, reduce=True):
         student_inputs = self._hook_student(model)
@@ -187,7 +247,7 @@ class RelationDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
 
     def _hook_student(self, model) -> SelfAttentionInputs:
         if self._student is None or self._student[0] is not model:
-            inputs = SelfAttentionInputs(model, {s: self.student_layers[s] for s in self.sites})
+            inputs = SelfAttentionInputs(model, {s: self.student_layers[s] for s in self.sites}, "student")
             self.check_widths(inputs.widths(), "student")  # a model given in Python, not built by fairseq-train
             self._student = (model, inputs)
         return self._student[1]
@@ -225,7 +285,8 @@ def _model_config(cfg):
     if not isinstance(cfg, DictConfig):
         return None
     model = cfg._get_root().get("model")
-    needed = ("encoder_embed_dim", "decoder_embed_dim", "encoder_attention_heads", "decoder_attention_heads")
+    needed = ("encoder_embed_dim", "decoder_embed_dim", "encoder_attention_heads", "decoder_attention_heads",
+              "encoder_layers", "decoder_layers")
     return model if model is not None and all(getattr(model, k, None) for k in needed) else None
 
 
@@ -234,14 +295,14 @@ def load_teacher(path: Optional[str], task):
     from fairseq import checkpoint_utils
 
     if not path:
-        raise ValueError("--criterion relation_distillation needs --teacher-path")
+        raise PosencError("--criterion relation_distillation needs --teacher-path: the teacher's checkpoint")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"--teacher-path: no checkpoint at {path}")
+        raise PosencError(f"--teacher-path: no checkpoint at {path}")
     state = checkpoint_utils.load_checkpoint_to_cpu(path)
     for side, dictionary in (("encoder", task.source_dictionary), ("decoder", task.target_dictionary)):
         rows = state["model"][f"{side}.embed_tokens.weight"].shape[0]
         if rows != len(dictionary):
-            raise ValueError(f"the teacher {path} has a {side} vocabulary of {rows} entries, the data's "
+            raise PosencError(f"the teacher {path} has a {side} vocabulary of {rows} entries, the data's "
                              f"dictionary has {len(dictionary)}: teacher and student must share dictionaries")
     _check_same_symbols(path, state, task)
     models, _ = checkpoint_utils.load_model_ensemble([path], task=task, state=state)
@@ -261,5 +322,5 @@ def _check_same_symbols(path, state, task):
                              (task.cfg.target_lang, task.target_dictionary)):
         own = os.path.join(str(data).split(os.pathsep)[0], f"dict.{lang}.txt") if data and lang else None
         if own and os.path.isfile(own) and Dictionary.load(own).symbols != dictionary.symbols:
-            raise ValueError(f"the teacher {path} was trained with a different {lang} dictionary ({own}): "
+            raise PosencError(f"the teacher {path} was trained with a different {lang} dictionary ({own}): "
                              "teacher and student must share dictionaries")

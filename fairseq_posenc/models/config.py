@@ -12,7 +12,6 @@ flags are refused with every other encoding as soon as its ``config`` declares t
 import argparse
 import dataclasses
 import functools
-import re
 from dataclasses import dataclass, field
 from typing import FrozenSet, Optional
 
@@ -241,22 +240,3 @@ def refuse_positions_removed(args):
         raise PosencError(f"--no-token-positional-embeddings would change nothing: {model} drops fairseq's input "
                           "position embedding anyway (it is for --position-encoding none)")
 
-
-def one_line_flag_errors():
-    """argparse prints its parser's whole usage (fairseq-train's: hundreds of lines) before the
-    error line; for a value of one of the plugin's flags (not of its type, not one of its choices)
-    only the error line, which names the flag, and argparse's exit status 2."""
-    original = argparse.ArgumentParser.error
-    if getattr(original, "posenc_one_line", False):
-        return
-    flags = {"--" + f.name.replace("_", "-") for config in ALL_CONFIGS for f in dataclasses.fields(config)}
-
-    @functools.wraps(original)
-    def error(self, message):
-        named = re.match(r"argument (--[\w-]+)", message)
-        if named and named.group(1) in flags:
-            self.exit(2, f"{self.prog}: error: {message}\n")
-        original(self, message)
-
-    error.posenc_one_line = True
-    argparse.ArgumentParser.error = error

@@ -23,11 +23,14 @@ from .transformer_stacks import PosencTransformerDecoder, PosencTransformerEncod
 
 @register_model("transformer_posenc")
 class PosencTransformerModel(TransformerModel):
+    #: the dataclasses of the options it adds to fairseq's (fairseq_posenc/options.py)
+    configs = ALL_CONFIGS
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
         mark_positions_removed_given(parser)
-        for config in ALL_CONFIGS:
+        for config in cls.configs:
             gen_parser_from_dataclass(parser, config(), delete_default=True, with_prefix="")
 
     @classmethod

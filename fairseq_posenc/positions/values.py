@@ -19,7 +19,9 @@ from ..compat import PosencError
 class Values:
     """What an option takes. A number (finite): ``low`` (a value, or a function of the model's flags
     named in messages by ``bound``) and up, past it with ``above``, up to ``high``. A string: one of
-    ``choices`` (``noun`` names what they are), a ``file``'s path, or one ``token`` (no spaces).
+    ``choices`` (``noun`` names what they are), with ``subset`` a comma-separated list of them, each
+    once, a ``file``'s path, or one ``token`` (no spaces). ``layer``: the index of a layer of the
+    stack it names (negative: from the last), checked where that model is known (:func:`layer_refusal`).
     ``why``: the reason, in brackets after the requirement."""
 
     low: Union[float, Callable, None] = None
@@ -28,8 +30,10 @@ class Values:
     bound: Optional[str] = None
     choices: Tuple[str, ...] = ()
     noun: Optional[str] = None
+    subset: bool = False
     file: bool = False
     token: bool = False
+    layer: Optional[str] = None
     why: Optional[str] = None
 
     def low_of(self, args):
@@ -74,6 +78,11 @@ def refusal(field: dataclasses.Field, value, args) -> Optional[str]:
     if value is None or spec is None:
         return None
     why = f" ({spec.why})" if spec.why else ""
+    if spec.subset:
+        items = [item.strip() for item in str(value).split(",")]
+        if all(items) and set(items) <= set(spec.choices) and len(set(items)) == len(items):
+            return None
+        return f"{flag} must be a comma-separated list of {', '.join(spec.choices)}, each once, got {value!r}"
     if spec.choices:
         if value in spec.choices:
             return None
@@ -91,6 +100,8 @@ def refusal(field: dataclasses.Field, value, args) -> Optional[str]:
         return f"{flag} must be a whole number, got {value!r}"
     if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         return f"{flag} must be a number, got {value!r}"
+    if spec.layer:
+        return None
     low = spec.low_of(args)
     inside = math.isfinite(value) and (low is None or (value > low if spec.above else value >= low)) and (
         spec.high is None or value <= spec.high)
@@ -107,3 +118,28 @@ def check(fields, args):
         reason = refusal(field, getattr(args, field.name, field.default), args)
         if reason is not None:
             raise PosencError(reason)
+
+
+def layer_refusal(field: dataclasses.Field, index: int, count: int) -> Optional[str]:
+    """Why layer ``index`` of a stack of ``count`` layers (the one ``field``'s ``layer`` names) is
+    refused (one line), or None."""
+    if -count <= index < count:
+        return None
+    flag = "--" + field.name.replace("_", "-")
+    return (f"{flag} {index}: the {declared(field).layer} has {count} layers; choose from {-count} to {count - 1} "
+            "(-1 is the last)")
+
+
+def check_when_parsed(parser, fields, also: Callable = lambda args: None):
+    """Check ``fields``' declared values, and ``also(args)``, each time ``parser`` has parsed a
+    command line: fairseq parses once more after adding a criterion's options (``add_args``), before
+    any data is read, and a refusal there is one line (:class:`~..compat.PosencError`)."""
+    original = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        parsed, extra = original(args, namespace)
+        check(fields, parsed)
+        also(parsed)
+        return parsed, extra
+
+    parser.parse_known_args = parse_known_args

@@ -159,7 +159,7 @@ def test_relation_heads_that_do_not_divide_the_teacher_stop_at_construction(setu
 
 
 def test_relation_heads_that_do_not_divide_the_student_stop_fairseq_train_before_training(setup, tmp_path):
-    # 32 divides the teacher's width (32), not the student's (16)
+    # 32 divides the teacher's width (32), not the student's (16): one line naming both
     proc = subprocess.run([
         pipeline.executable("fairseq-train"), setup["bin"], "--user-dir", pipeline.USER_DIR,
         "--save-dir", str(tmp_path / "run"), "--arch", "transformer_posenc", "--cpu", *STUDENT,
@@ -168,8 +168,8 @@ def test_relation_heads_that_do_not_divide_the_student_stop_fairseq_train_before
         "--no-progress-bar", "--num-workers", "0"], capture_output=True, text=True)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1
-    assert lines[-1] == ("fairseq-train: error: --relation-heads 32 does not divide the attention width 16 of the "
-                         "student's encoder; choose a divisor of 16")
+    assert lines[-1] == ("fairseq-train: error: --relation-heads 32 must divide both attention widths, the teacher's "
+                         "(32) and the student's (16); choose one of 1, 2, 4, 8, 16")
     assert not any("Traceback" in line for line in lines)
     assert "examples from:" not in proc.stderr  # no data set was read
     assert not (tmp_path / "run").exists() or os.listdir(tmp_path / "run") == []
