@@ -7,4 +7,5 @@ update_hooks.install()
 from . import criterions, models  # noqa: E402,F401  (register with fairseq on import)
 
 models.config.load_checkpoints_as_saved()
+models.checkpoint_settings.install()
 models.config.one_line_flag_errors()
