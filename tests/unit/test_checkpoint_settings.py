@@ -9,6 +9,7 @@ import enum
 import typing
 
 import pytest
+import torch
 
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.labels import model_label, number
@@ -119,3 +120,21 @@ def test_a_decode_override_is_allowed_and_labelled():
                                     "ck.pt", DECODE)
     assert [(f.name, s, g) for f, s, g in allowed] == [("rope_theta", 10000.0, 500.0)]
     assert model_label(model) == "rope (--rope-theta 500)"
+
+
+@pytest.mark.parametrize("vanilla, floater, saved, given", [
+    (["--attention-head-dim", "4"], [], "--attention-head-dim 4", "--attention-head-dim 8"),
+    (["--segment-attention"], [], "--segment-attention", "no --segment-attention"),
+    (["--segment-attention", "--max-segments", "4"], ["--segment-attention"], "--max-segments 4", "--max-segments 8"),
+])
+def test_the_warm_start_refuses_a_vanilla_model_of_other_general_settings(tmp_path, vanilla, floater, saved, given):
+    """FLOATER's warm start changes the encoding by design; the other position settings are the run's."""
+    args = model_args("transformer_posenc", "--position-encoding", "sinusoidal", *vanilla)
+    path = str(tmp_path / "vanilla.pt")
+    torch.save({"model": build_model("transformer_posenc", "--position-encoding", "sinusoidal", *vanilla,
+                                     task=_task()).state_dict(), "cfg": {"model": args}}, path)
+    with pytest.raises(PosencError) as refused:
+        build_model("transformer_posenc", "--position-encoding", "floater", *floater, "--floater-init-from", path,
+                    task=_task())
+    assert str(refused.value) == (f"--floater-init-from: {path} was trained with {saved}; this run gives {given}: "
+                                  "the warm start keeps the vanilla model's other settings, give its flags")
