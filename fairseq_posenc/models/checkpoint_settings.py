@@ -97,7 +97,7 @@ def _own_options(args) -> List[str]:
     return sorted(scheme_flags(get_position_encoding(args.position_encoding)) - set(NOT_THE_MODEL))
 
 
-def _advice(how: str, path: str) -> str:
+def _advice(how: str) -> str:
     if how == DECODE:
         return ("a decode runs the model as trained: drop the position settings from --model-overrides (those a "
                 "decode may change: docs/encodings.md)")
@@ -130,10 +130,10 @@ def differences(saved, model, how: str):
 
 def refuse_other_settings(saved, model, path: str, how: str):
     """One line (:class:`PosencError`) where the saved configuration ``saved`` of checkpoint ``path``
-    differs from the built ``model``'s in a setting that may not change on path ``how``; logs the
-    ones that may, with the label the model runs under. Returns those."""
+    differs from the built ``model``'s in a setting that may not change on path ``how``. Returns the
+    differences that may (for :func:`log_allowed`, once the weights are loaded)."""
     refused, allowed = differences(saved, model, how)
-    what = {DECODE: "this decode gives", FINETUNE: "this run gives", RESUME: "this run gives"}[how]
+    what = "this decode gives" if how == DECODE else "this run gives"
     name = f"{path} (--finetune-from-model)" if how == FINETUNE else path
     if refused:
         if refused[0][0].name == "position_encoding":
@@ -143,7 +143,7 @@ def refuse_other_settings(saved, model, path: str, how: str):
             encoding = f"--position-encoding {saved.position_encoding} "
             saved_text = encoding + " ".join(_flag(f.name, _shown(s, f, model)) for f, s, _ in refused)
             given_text = encoding + " ".join(_flag(f.name, _shown(g, f, model)) for f, _, g in refused)
-        raise PosencError(f"{name} was trained with {saved_text}; {what} {given_text}: {_advice(how, path)}")
+        raise PosencError(f"{name} was trained with {saved_text}; {what} {given_text}: {_advice(how)}")
     return allowed
 
 
