@@ -16,6 +16,7 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from ..positions import POSITION_ENCODINGS, get_position_encoding
 from ..compat import PosencError
+from .checkpoint_settings import check_pending, log_allowed
 from .config import (ALL_CONFIGS, mark_positions_removed_given, refuse_misplaced_blocks, refuse_unused_flags,
                      set_defaults)
 from .transformer_stacks import PosencTransformerDecoder, PosencTransformerEncoder
@@ -55,6 +56,15 @@ class PosencTransformerModel(TransformerModel):
         # speak first; a tiny model builds in milliseconds, and no update has run
         refuse_unused_flags(args)
         return model
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        # a checkpoint announced by a loader is refused before its weights are read where its position
+        # settings differ from this model's (checkpoint_settings)
+        checked = check_pending(self, state_dict)
+        loaded = super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+        if checked is not None:
+            log_allowed(*checked)
+        return loaded
 
     def prepare_for_inference_(self, cfg):
         # fairseq-generate halves a model for --fp16 but never casts it for --bf16: without this

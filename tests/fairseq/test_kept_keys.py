@@ -241,6 +241,8 @@ def cli(tmp_path_factory):
                 for name, p in (("saved", path), ("unsolved", path.replace(".pt", "_unsolved.pt"))):
                     jobs.append((f"{flag}-{name}", "fairseq-generate",
                                  generate_command(data_bin, p, [*GENERATE, *_overrides(flag, value)])))
+        if encoding not in RESTORED:
+            continue
         flag, value = RESTORED[encoding]
         resumed = str(root / f"{encoding}-resumed")
         os.makedirs(resumed)
@@ -251,7 +253,9 @@ def cli(tmp_path_factory):
     return root, trained, run_all(jobs, str(root / "runs2"))
 
 
-RESTORED = {"floater": ("floater_dt", 0.2), "rnn": ("rnn_dt", 0.2)}
+#: a flag a run may go on with changed (models/checkpoint_settings.py: the solver, not the model; the RNN's
+#: --rnn-dt is the model's and is refused, tests/fairseq/test_checkpoint_settings.py)
+RESTORED = {"floater": ("floater_solver", "euler")}
 
 
 def _hypotheses(stdout):
@@ -274,9 +278,9 @@ def test_generate_with_a_solver_flag_overridden_solves_anew(cli, encoding, flag,
         assert saved != _hypotheses(outcome(runs, f"{encoding}-plain")["stdout"])  # the override acts
 
 
-@pytest.mark.parametrize("encoding", SOLVED)
+@pytest.mark.parametrize("encoding", list(RESTORED))
 def test_training_resumed_with_a_changed_flag_saves_the_solution_of_that_flag(cli, encoding):
-    """``fairseq-train --restore-file`` with a changed dt and one more update at lr 0 (the weights
+    """``fairseq-train --restore-file`` with a changed solver and one more update at lr 0 (the weights
     stay those loaded, so only the flag can tell the loaded solution stale): validation and the
     checkpoint it saves holds a solution solved with the new flag, not the one loaded."""
     root, trained, runs = cli
