@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import functools
 import logging
+import os
 from typing import Dict, List, Optional
 
 from ..compat import PosencError
@@ -56,7 +57,7 @@ def _fields():
 
 
 def _flag(name: str, value) -> str:
-    from ..labels import number
+    from .label import number
 
     flag = "--" + name.replace("_", "-")
     if isinstance(value, bool):
@@ -155,7 +156,7 @@ def log_allowed(allowed, saved, model, path: str):
     """The differences a path allows, and the label the model runs under, in one log line."""
     if not allowed:
         return
-    from ..labels import model_label
+    from .label import model_label
 
     given = " ".join(_flag(f.name, _shown(g, f, model)) for f, _, g in allowed)
     trained = " ".join(_flag(f.name, _shown(s, f, model)) for f, s, _ in allowed)
@@ -177,12 +178,12 @@ def check_pending(model, state_dict):
 
 
 def _is_posenc(args) -> bool:
+    """A configuration of one of the plugin's models (by the registered class's package: the model
+    module imports this one)."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from .transformer_posenc import PosencTransformerModel
-
-    return args is not None and issubclass(ARCH_MODEL_REGISTRY.get(getattr(args, "arch", None), object),
-                                           PosencTransformerModel)
+    cls = ARCH_MODEL_REGISTRY.get(getattr(args, "arch", None)) if args is not None else None
+    return cls is not None and cls.__module__.startswith(__name__.rsplit(".", 2)[0] + ".")
 
 
 def saved_model_args(state) -> Optional[argparse.Namespace]:
@@ -306,3 +307,18 @@ def refuse_other_general_settings(saved, model, path: str, flag: str):
                 f"{flag}: {path} was trained with {_flag(f.name, _shown(getattr(saved, f.name), f, model))}; this run "
                 f"gives {_flag(f.name, _shown(getattr(model.args, f.name, f.default), f, model))}: the warm start "
                 "keeps the vanilla model's other settings, give its flags")
+
+
+def check_warm_start(model, args):
+    """--floater-init-from, before the warm start loads the vanilla model (positions/floater/loading.py,
+    which refuses another encoding itself): the general and segment settings must be the saved ones.
+    Here, in the models layer, so that FLOATER's loading needs nothing above it."""
+    path = getattr(args, "floater_init_from", None)
+    if not path or not os.path.isfile(path):
+        return
+    import torch
+
+    state = torch.load(path, map_location="cpu", mmap=True)
+    saved = saved_model_args(state) if isinstance(state, dict) else None
+    if saved is not None and getattr(saved, "position_encoding", "sinusoidal") == "sinusoidal":
+        refuse_other_general_settings(saved, model, path, "--floater-init-from")

@@ -16,7 +16,7 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from ..positions import POSITION_ENCODINGS, get_position_encoding
 from ..compat import PosencError
-from .checkpoint_settings import check_pending, log_allowed
+from .checkpoint_settings import check_pending, check_warm_start, log_allowed
 from .config import (ALL_CONFIGS, mark_positions_removed_given, refuse_misplaced_blocks, refuse_unused_flags,
                      set_defaults)
 from .transformer_stacks import PosencTransformerDecoder, PosencTransformerEncoder
@@ -51,6 +51,7 @@ class PosencTransformerModel(TransformerModel):
             args.no_token_positional_embeddings = True
         model = super().build_model(args, task)
         refuse_misplaced_blocks(args)
+        check_warm_start(model, args)
         scheme.finish_model(model, args)
         # after the build, so that the schemes' own refusals (--position-blocks, rnn's ODE flags)
         # speak first; a tiny model builds in milliseconds, and no update has run

@@ -22,6 +22,7 @@ from fairseq_posenc.options import plugin_options
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.values import declared, value_type
 from helpers.fairseq_runs import generate_command, preprocess_here, run_all, train_command
+from helpers.registries import fairseq_base, plugin, registered
 from helpers.toy import TINY, build_model
 
 TRAIN = ["--arch", "transformer_posenc", "--cpu", *TINY, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "300",
@@ -47,35 +48,21 @@ print(json.dumps(sorted(found)))
 """
 
 
-def _plugin(cls):
-    return cls.__module__.startswith("fairseq_posenc")
-
-
-def _registered(registry, cls):
-    return next(name for name, other in registry.items() if other is cls)
-
-
-def _fairseq_base(registry, cls):
-    """The name of the fairseq class ``cls`` derives from, as registered."""
-    return next(_registered(registry, base) for base in cls.__mro__[1:]
-                if base in registry.values() and not _plugin(base))
-
-
 def parser_options():
     """The options of fairseq-train's parser with each plugin model and criterion selected, less
     fairseq's own (its parser without the plugin, in a fresh process, with the fairseq model and
     criterion they extend)."""
     ours, theirs = set(), []
-    for model in [cls for cls in MODEL_REGISTRY.values() if _plugin(cls)]:
-        for criterion in [cls for cls in CRITERION_REGISTRY.values() if _plugin(cls)]:
+    for model in [cls for cls in MODEL_REGISTRY.values() if plugin(cls)]:
+        for criterion in [cls for cls in CRITERION_REGISTRY.values() if plugin(cls)]:
             parser = fairseq_options.get_training_parser()
             fairseq_options.parse_args_and_arch(parser, [
-                "data", "--user-dir", pipeline.USER_DIR, "--arch", ARCH_MODEL_INV_REGISTRY[_registered(
-                    MODEL_REGISTRY, model)][0], "--criterion", _registered(CRITERION_REGISTRY, criterion)],
+                "data", "--user-dir", pipeline.USER_DIR, "--arch", ARCH_MODEL_INV_REGISTRY[registered(
+                    MODEL_REGISTRY, model)][0], "--criterion", registered(CRITERION_REGISTRY, criterion)],
                 parse_known=True)
             ours |= set(parser._option_string_actions)
-            theirs.append((ARCH_MODEL_INV_REGISTRY[_fairseq_base(MODEL_REGISTRY, model)][0],
-                           _fairseq_base(CRITERION_REGISTRY, criterion)))
+            theirs.append((ARCH_MODEL_INV_REGISTRY[fairseq_base(MODEL_REGISTRY, model)][0],
+                           fairseq_base(CRITERION_REGISTRY, criterion)))
     own = subprocess.run([sys.executable, "-c", _OWN_OPTIONS, json.dumps(theirs)], capture_output=True, text=True,
                          check=True).stdout.strip().splitlines()[-1]
     return {flag for flag in ours - set(json.loads(own)) if flag.startswith("--")}

@@ -10,22 +10,9 @@ from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.models import ARCH_MODEL_INV_REGISTRY, MODEL_REGISTRY
 
 import fairseq_posenc  # noqa: F401  (registers the plugin's models, criterions and flags)
+from helpers.registries import fairseq_base, plugin, registered
 
 MAX_HELP = 200
-
-
-def _plugin(cls):
-    return cls.__module__.startswith("fairseq_posenc")
-
-
-def _registered(registry, cls):
-    return next(name for name, other in registry.items() if other is cls)
-
-
-def _fairseq_base(registry, cls):
-    """The name of the fairseq class that ``cls`` derives from, as registered."""
-    return next(_registered(registry, base) for base in cls.__mro__[1:]
-                if base in registry.values() and not _plugin(base))
 
 
 def _actions(arch, criterion):
@@ -35,11 +22,11 @@ def _actions(arch, criterion):
 
 
 def _plugin_models():
-    return {name: cls for name, cls in MODEL_REGISTRY.items() if _plugin(cls)}
+    return {name: cls for name, cls in MODEL_REGISTRY.items() if plugin(cls)}
 
 
 def _plugin_criterions():
-    return {name: cls for name, cls in CRITERION_REGISTRY.items() if _plugin(cls)}
+    return {name: cls for name, cls in CRITERION_REGISTRY.items() if plugin(cls)}
 
 
 def plugin_options():
@@ -48,8 +35,8 @@ def plugin_options():
     for model, cls in _plugin_models().items():
         for criterion, criterion_cls in _plugin_criterions().items():
             ours = _actions(ARCH_MODEL_INV_REGISTRY[model][0], criterion)
-            base_model = _fairseq_base(MODEL_REGISTRY, cls)
-            theirs = _actions(ARCH_MODEL_INV_REGISTRY[base_model][0], _fairseq_base(CRITERION_REGISTRY, criterion_cls))
+            base_model = fairseq_base(MODEL_REGISTRY, cls)
+            theirs = _actions(ARCH_MODEL_INV_REGISTRY[base_model][0], fairseq_base(CRITERION_REGISTRY, criterion_cls))
             found.update({flag: action.help or "" for flag, action in ours.items() if flag not in theirs})
     return found
 

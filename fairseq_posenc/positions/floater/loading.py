@@ -83,9 +83,6 @@ def warm_start(model, path: str):
         raise PosencError(f"--floater-init-from: {path} is a --position-encoding {encoding}"
                          f"{' --position-blocks ' + blocks if blocks else ''} model; the warm start needs the vanilla "
                          "Transformer (sinusoidal at the input block) for FLOATER to start as that model exactly")
-    from ...models.checkpoint_settings import refuse_other_general_settings, saved_model_args
-
-    refuse_other_general_settings(saved_model_args(state), model, path, "--floater-init-from")
     ode = model.encoder.position_encoding.ode
     ode_keys = {f"encoder.position_encoding.ode.{k}" for k in ode.state_dict()}
     own = model.state_dict()
