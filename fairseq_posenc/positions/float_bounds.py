@@ -32,3 +32,13 @@ def rope_theta_low(args) -> float:
             largest = float(FLOAT32.max) / (1 + 4 * float(FLOAT32.eps))
             bound = max(bound, ((positions - 1) / largest) ** (head_dim / (head_dim - 2)))
     return bound
+
+
+def floater_lr_scale_low(args) -> float:
+    """The smallest --floater-lr-scale C: float32's smallest normal number, 2^-126. FLOATER stores
+    h's weights and the initial states as V = W / C and uses W = C V, in float32 (floater/dynamics.py,
+    ode.py). Below the normal range C itself loses its precision in float32, down to 0 (1e-300: V =
+    W / 0 = inf, then NaN); from 2^-126 up, |V| <= |W| 2^126 stays below max32 = 2^128 (1 - 2^-24)
+    for h's weights (nn.Linear's initialisation: |W| <= 1) and for the initial states (0.02 z, a
+    normal draw of |z| < 200)."""
+    return float(FLOAT32.tiny)

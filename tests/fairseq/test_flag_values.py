@@ -73,6 +73,8 @@ ONE_LINE = {
     # issue 53: taken, then NaN in training
     ("--rope-theta", "1e-300"): "--rope-theta must be a finite number >= 1.17549e-38 (below it the last position's "
                                 "rotation angles overflow float32), got 1e-300",
+    ("--floater-lr-scale", "1e-300"): "--floater-lr-scale must be a finite number >= 1.17549e-38 (the weights are "
+                                      "stored as W / C in float32), got 1e-300",
     # a width the model would not have built: the attention width was built and labelled as 0
     ("--floater-hidden", "0"): "--floater-hidden must be positive, got 0",
     ("--floater-hidden", "-1"): "--floater-hidden must be positive, got -1",

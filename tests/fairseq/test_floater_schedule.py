@@ -70,7 +70,8 @@ def test_solving_every_update_is_todays_model_bit_for_bit():
 def test_bad_values_are_refused():
     with pytest.raises(PosencError, match="--floater-solve-every must be positive, got 0"):
         floater("--floater-solve-every", "0")
-    with pytest.raises(PosencError, match="--floater-lr-scale must be a positive finite number"):
+    with pytest.raises(PosencError, match=r"--floater-lr-scale must be a finite number >= 1.17549e-38 \(the weights "
+                       r"are stored as W / C in float32\), got -2.0"):
         floater("--floater-lr-scale", "-2")
 
 

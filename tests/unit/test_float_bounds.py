@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from fairseq_posenc.compat import PosencError
-from fairseq_posenc.positions.float_bounds import rope_theta_low
+from fairseq_posenc.positions.float_bounds import floater_lr_scale_low, rope_theta_low
+from fairseq_posenc.positions.floater.dynamics import Dynamics
 from fairseq_posenc.positions.rope import rope_angles
 from helpers.toy import build_model
 
@@ -36,3 +37,20 @@ def test_a_rope_theta_below_the_bound_is_refused_in_one_line():
         build_model("transformer_posenc", "--position-encoding", "rope", "--rope-theta", "1e-300")
     assert str(refused.value).startswith("--rope-theta must be a finite number >= ")
     assert str(refused.value).endswith(" (below it the last position's rotation angles overflow float32), got 1e-300")
+
+
+def test_the_floater_lr_scale_bound_is_float32s_smallest_normal_number():
+    assert floater_lr_scale_low(argparse.Namespace()) == 2.0 ** -126
+    # the computation: V = W / C finite at the bound (W, nn.Linear's, at most 1), W = C V exactly (C
+    # a power of 2); 1e-300 is 0 in float32 and V infinite
+    torch.manual_seed(0)
+    reference = Dynamics(8, 16)
+    torch.manual_seed(0)
+    scaled = Dynamics(8, 16, lr_scale=2.0 ** -126)
+    for w, v in zip(reference.parameters(), scaled.parameters()):
+        assert torch.isfinite(v).all() and torch.equal(v * 2.0 ** -126, w)
+    assert not all(torch.isfinite(v).all() for v in Dynamics(8, 16, lr_scale=1e-300).parameters())
+    with pytest.raises(PosencError) as refused:
+        build_model("transformer_posenc", "--position-encoding", "floater", "--floater-lr-scale", "1e-300")
+    assert str(refused.value) == ("--floater-lr-scale must be a finite number >= 1.17549e-38 (the weights are stored "
+                                  "as W / C in float32), got 1e-300")
