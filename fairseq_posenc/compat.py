@@ -129,15 +129,36 @@ def short_user_errors():
         return
 
     def excepthook(kind, value, traceback):
+        uncaught = value is getattr(sys, "last_value", None) and sys.exc_info()[1] is None
         if not isinstance(value, PosencError) and isinstance(value.__context__, PosencError):
             value = value.__context__
         if isinstance(value, PosencError):
             print(f"{os.path.basename(sys.argv[0])}: error: {value}", file=sys.stderr)
+            if uncaught:
+                _exit_without_finalizing(1)
         else:
             previous(kind, value, traceback)
 
     excepthook.shortens_user_errors = True
     sys.excepthook = excepthook
+
+
+def _exit_without_finalizing(status: int):
+    """End the program after a refusal that fairseq's training loop raised: fairseq's batch
+    prefetcher (``BufferedIterator``'s daemon thread) is then still in torch's C++ code, and at
+    interpreter shutdown a daemon thread that asks for the GIL is ended by ``pthread_exit``, whose
+    unwinding through a C++ frame that may not throw aborts the process ("terminate called without
+    an active exception", status 134, issue 53). The exit functions run as at a normal exit (the
+    process group's, logging's), then the process ends before the interpreter's teardown."""
+    import atexit
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    atexit._run_exitfuncs()
+    os._exit(status)
 
 
 def _entries(path: str) -> str:

@@ -5,6 +5,7 @@ from torch import Tensor
 
 from ..compat import PosencError
 from .base import PositionEncoding, at_least_float32, cast
+from .float_bounds import rope_theta_low
 from .values import Values
 
 
@@ -33,8 +34,9 @@ def rotation_rows(angles: Tensor) -> Tensor:
 
 @dataclass
 class RopeConfig:
-    rope_theta: float = field(default=10000.0, metadata={"values": Values(low=0, above=True),
-                                                         "help": "rope: base of the rotation frequencies"})
+    rope_theta: float = field(default=10000.0, metadata={
+        "values": Values(low=rope_theta_low, why="below it the last position's rotation angles overflow float32"),
+        "help": "rope: base of the rotation frequencies"})
 
 
 class RotaryPositionEncoding(PositionEncoding):

@@ -186,7 +186,7 @@ def parameters(checkpoint: str) -> int:
     # and the stacks' longest training input are buffers, and --position-bias-scale is kept as
     # extra state: not parameters
     buffers = ("version", "_float_tensor", ".solution", ".fingerprint", ".encoder_form", "._extra_state",
-               ".longest_trained", ".pending_gradient")
+               ".longest_trained", ".pending_gradient", ".pending_updates")
     seen, total = set(), 0
     for name, tensor in state.items():
         if name.endswith(buffers) or tensor.data_ptr() in seen:

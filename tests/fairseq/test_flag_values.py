@@ -110,7 +110,14 @@ ONE_LINE = {
     ("--t5-max-distance", "-5"): "--t5-max-distance must exceed --t5-num-buckets / 2 = 16 (the distances the "
                                  "decoder's exact buckets cover), got -5",
     ("--position-bias-scale", "0"): "--position-bias-scale must be a positive finite number, got 0.0",
-    ("--rope-theta", "-1"): "--rope-theta must be a positive finite number, got -1.0",
+    # TINY's head size 8: the bound is float32's smallest normal number (positions/float_bounds.py)
+    ("--rope-theta", "-1"): "--rope-theta must be a finite number >= 1.17549e-38 (below it the last position's "
+                            "rotation angles overflow float32), got -1.0",
+    # issue 53: taken, then NaN in training
+    ("--rope-theta", "1e-300"): "--rope-theta must be a finite number >= 1.17549e-38 (below it the last position's "
+                                "rotation angles overflow float32), got 1e-300",
+    ("--floater-lr-scale", "1e-300"): "--floater-lr-scale must be a finite number >= 1.17549e-38 (the weights are "
+                                      "stored as W / C in float32), got 1e-300",
     # a width the model would not have built: the attention width was built and labelled as 0
     ("--floater-hidden", "0"): "--floater-hidden must be positive, got 0",
     ("--floater-hidden", "-1"): "--floater-hidden must be positive, got -1",

@@ -5,6 +5,7 @@ from typing import Optional
 
 from ...compat import PosencError
 from ..base import PositionBlocksConfig
+from ..float_bounds import floater_lr_scale_low
 from ..values import Values
 
 FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
@@ -75,7 +76,8 @@ class FloaterConfig(PositionBlocksConfig):
     )
     floater_lr_scale: Optional[float] = field(
         default=None,
-        metadata={"label": "lr scale {}", "values": Values(low=0, above=True),
+        metadata={"label": "lr scale {}",
+                  "values": Values(low=floater_lr_scale_low, why="the weights are stored as W / C in float32"),
                   "help": "floater: h and the initial states learn C times faster under Adam (stored as V, W = C V). "
                   "Default: min(N, 10), N of --floater-solve-every; 1 with --floater-init-from. Saved with the weights"},
     )

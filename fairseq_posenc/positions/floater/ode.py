@@ -32,7 +32,7 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
     #: state, not settings: left out of the kept solution's key (:func:`..kept.configuration`)
     running_state = ("solved_length",)
     #: state-dict entries that are kept results, not parameters (:func:`..kept.kept_result_keys`)
-    kept_results = ("solution", "fingerprint", schedule.PENDING)
+    kept_results = ("solution", "fingerprint", schedule.PENDING, schedule.PENDING_UPDATES)
 
     def __init__(self, num_states: int, dim: int, hidden: int, dt: float, solver: str,
                  step: Optional[float], adjoint: bool, solve_every: int = 1, lr_scale: Optional[float] = None,
@@ -72,7 +72,8 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
         self._update = None  # the update fairseq's trainer runs, when it announced one
         #: fairseq's count of finished updates, as last set (before a load: the checkpoint's)
         self._updates_seen = 0
-        #: (N, update count) of a checkpoint loaded in the middle of a cycle, until training goes on
+        #: (N, update count, updates pending) of a checkpoint loaded in the middle of a cycle, until
+        #: training goes on
         #: (:func:`.schedule.resume_cycle`)
         self._loaded_cycle = None
         self.register_state_dict_pre_hook(lambda module, prefix, keep_vars: module._refresh_for_saving())
@@ -286,9 +287,11 @@ class FloaterODE(ForgetsKeptOnCopy, nn.Module):
             self._solved_from.forget()
         # a cycle's pending gradient (--floater-solve-every); dropped by a model without the schedule
         pending = state_dict.pop(prefix + schedule.PENDING, None)
-        if self.schedule is not None:
-            self.schedule.load(pending, self.initial.device)
         saved_every = int(round(float(torch.as_tensor(state_dict[prefix + "_extra_state"]).reshape(-1)[0])))
+        count = schedule.pending_count(state_dict.pop(prefix + schedule.PENDING_UPDATES, None), self._updates_seen,
+                                       saved_every)
+        if self.schedule is not None:
+            self.schedule.load(pending, count, self.initial.device)
         mid_cycle = pending is not None and bool(pending.ne(0).any())
-        self._loaded_cycle = (saved_every, self._updates_seen) if mid_cycle else None
+        self._loaded_cycle = (saved_every, self._updates_seen, count) if mid_cycle else None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

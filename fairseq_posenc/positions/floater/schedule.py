@@ -32,8 +32,10 @@ torch's DDP (``--ddp-backend pytorch_ddp``) is told to ignore the flow model's p
 the passes never use (:func:`configure_trainer`): no ``--find-unused-parameters`` is needed.
 
 The gradient accumulated in an unfinished cycle is saved in the checkpoint (``pending_gradient``,
-zero-padded to the stored solution's length, zeros at a cycle's end): a run resumed mid-cycle
-finishes the cycle as if it had not stopped.
+zero-padded to the stored solution's length, zeros at a cycle's end) with the number of updates it
+sums (``pending_updates``): a run resumed mid-cycle finishes the cycle as if it had not stopped.
+The count is not n % N: after a cycle cut short by an earlier --max-update the next cycle holds
+fewer updates than its position says.
 
 ``--floater-lr-scale C`` (default: N): h's weights and the initial states are stored as V = W / C
 and used as W = C V, so that Adam, whose step does not depend on the gradient's scale, moves W C
@@ -53,6 +55,7 @@ from .dynamics import DYNAMICS
 logger = logging.getLogger(__name__)
 
 PENDING = "pending_gradient"
+PENDING_UPDATES = "pending_updates"
 #: the flow model's parameters, named in the ODE module; the dynamics' in Float32Field's order
 FLOW = ("initial",) + tuple("dynamics." + name for name in DYNAMICS)
 #: ``--ddp-backend`` values whose gradient exchange this module handles
@@ -82,9 +85,10 @@ def lr_scale(solve_every: int, scale: Optional[float], warm_start: bool = False)
     return 1.0 if warm_start else min(float(solve_every), MAX_DEFAULT_LR_SCALE)
 
 
-def resume_cycle(ode, saved_every: int, saved_at: int, num_updates: int):
+def resume_cycle(ode, saved_every: int, saved_at: int, saved_count: int, num_updates: int):
     """The first training pass after a checkpoint stopped in the middle of a cycle of N =
-    ``saved_every`` at update ``saved_at`` was loaded, at fairseq's update count ``num_updates``.
+    ``saved_every`` at update ``saved_at``, ``saved_count`` updates of it pending, was loaded, at
+    fairseq's update count ``num_updates``.
     Where the count restarted (``--reset-optimizer``, ``--finetune-from-model``) the pending gradient
     belongs to no cycle of this run: dropped, the run starts an empty cycle. Where it goes on, the
     cycle is finished under its own N: another --floater-solve-every is refused, naming both (its
@@ -92,14 +96,14 @@ def resume_cycle(ode, saved_every: int, saved_at: int, num_updates: int):
     every = ode.schedule.every if ode.schedule is not None else 1
     if num_updates != saved_at:
         if ode.schedule is not None:
-            ode.schedule.load(None, ode.initial.device)
+            ode.schedule.load(None, 0, ode.initial.device)
         logger.info(f"--floater-solve-every: the update count restarts at {num_updates} (the checkpoint's was "
                     f"{saved_at}): the gradient pending in its cycle is dropped, training starts an empty cycle")
         return
     if every != saved_every:
         end = -(-saved_at // saved_every) * saved_every
         raise PosencError(f"--floater-solve-every {every}: the checkpoint stopped at update {saved_at}, "
-                          f"{saved_at % saved_every} update(s) into a cycle of --floater-solve-every {saved_every} "
+                          f"{saved_count} update(s) into a cycle of --floater-solve-every {saved_every} "
                           f"whose gradient is pending; resume with --floater-solve-every {saved_every} (change it from "
                           f"update {end}, the cycle's end, on), or restart the update count (--reset-optimizer)")
 
@@ -209,7 +213,7 @@ class SolveSchedule:
         self.every = every
         self.num_updates = 0  # updates finished before the current one (loops of one's own)
         self.pending: Optional[Tensor] = None  # the cycle's gradient on the solution, summed, final units
-        self.count: Optional[int] = 0  # updates summed in pending (None: loaded, n % N)
+        self.count = 0  # updates summed in pending
         self.this_update: Optional[Tensor] = None  # the current update's passes, raw
         self.candidate = None  # (pending, count) once the current update is accepted
 
@@ -236,7 +240,7 @@ class SolveSchedule:
         optimizer = trainer.optimizer if trainer is not None else None
         leaf_factor, remaining = _units(optimizer, scale) if trainer is not None else (float(scale), 1.0)
         n = trainer.get_num_updates() if trainer is not None else self.num_updates
-        count = self.count if self.count is not None else n % self.every
+        count = self.count
         pending = self.pending
         finite = True
         if self.this_update is not None:
@@ -297,8 +301,10 @@ class SolveSchedule:
             length = min(self.pending.size(0), pending.size(0))
             pending[:length] = self.pending[:length].detach().cpu()
         state_dict[prefix + PENDING] = pending
+        state_dict[prefix + PENDING_UPDATES] = torch.tensor(self.count if self.pending is not None else 0)
 
-    def load(self, pending: Optional[Tensor], device):
+    def load(self, pending: Optional[Tensor], count: int, device):
+        """``count``: the updates summed in ``pending`` (:func:`pending_count`)."""
         self.this_update = None
         self.candidate = None
         self.pending, self.count = None, 0
@@ -307,6 +313,10 @@ class SolveSchedule:
         used = pending.flatten(1).ne(0).any(1).nonzero()  # trailing zero rows: padding
         if used.numel():
             self.pending = pending[: int(used.max()) + 1].to(device=device, dtype=torch.float32).clone()
-            # the updates of this cycle fairseq had finished: n % N (a cycle cut short by an
-            # earlier --max-update and checkpointed again before its end is counted whole)
-            self.count = None
+            self.count = count
+
+
+def pending_count(stored: Optional[Tensor], saved_at: int, saved_every: int) -> int:
+    """The updates of the cycle pending in a checkpoint (its ``pending_updates``); n % N for a
+    checkpoint saved before it was stored (right unless an earlier --max-update cut a cycle short)."""
+    return int(stored) if stored is not None else saved_at % saved_every
