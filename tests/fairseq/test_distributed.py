@@ -26,7 +26,6 @@ node's launcher would.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -54,10 +53,11 @@ def data_bin(tmp_path_factory):
     return pipeline.preprocess(prefixes, str(root / "bin"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous(path) -> str:
+    """The ranks meet through a file (torch's FileStore), not a TCP port: a port found free when the
+    cases are laid out may be taken by another process before a later case starts (EADDRINUSE left
+    the other rank waiting)."""
+    return f"file://{path}"
 
 
 def _command(data_bin, save_dir, encoding, *extra):
@@ -139,7 +139,7 @@ def trained(data_bin, tmp_path_factory):
     parts = {"rank0": [], "rank1": [], "single": []}
     for encoding, backend in CASES:
         case = root / f"{encoding}-{backend}"
-        init = f"tcp://127.0.0.1:{_free_port()}"
+        init = _rendezvous(case.with_name(case.name + ".rendezvous"))
         for rank in (0, 1):
             parts[f"rank{rank}"].append((str(case / f"rank{rank}.log"), _command(
                 data_bin, str(case / "ddp"), encoding, "--distributed-world-size", "2", "--distributed-rank", str(rank),
@@ -240,7 +240,7 @@ def test_floaters_flow_update_every_n_updates_trains_two_processes_as_one(data_b
     back: Adam would move h at every update), and the single process, all five at once."""
     backends, procs = ("pytorch_ddp", "legacy_ddp"), {}
     for backend in backends:
-        init = f"tcp://127.0.0.1:{_free_port()}"
+        init = _rendezvous(tmp_path / f"{backend}.rendezvous")
         for rank in (0, 1):
             procs[backend, rank] = _flow_run(_command(
                 data_bin, str(tmp_path / backend), "floater", *SOLVE_EVERY, "--distributed-world-size", "2",
