@@ -147,7 +147,6 @@ class Corpus:
                              "text is raw, the model's tokenized as given; give the test set as files tokenized as "
                              "your training text, or set corpus.tokenize: moses for raw files")
 
-
     def own_files(self) -> List[str]:
         """The user's training (and validation) files: the gather rule's inputs (an edit prepares
         the corpus again). A named test set's files are its own rule's (:meth:`test_files`)."""

@@ -41,9 +41,10 @@ def kept(command: List[str], kind: str) -> Optional[int]:
     return None if value is None or value < 0 else value
 
 
-def unservable(study, resolved: Dict[str, Tuple[dict, str]], code_key) -> List[str]:
+def unservable(study, resolved: Dict[str, Tuple[dict, str]], code_key) -> List[Tuple[str, int, str, str]]:
     """The models whose finished training (trained.json, the same configuration and code: it will
-    not train again) kept fewer checkpoints than the study averages: ``NAME/seedS kept N`` each."""
+    not train again) kept fewer checkpoints than the study averages: (the setting, its count,
+    ``NAME/seedS kept N``, the checkpoint directory) each."""
     kind = study.evaluate["checkpoints"]
     short = []
     for model in study.evaluated():
