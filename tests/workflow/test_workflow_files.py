@@ -218,6 +218,12 @@ def test_each_edit_plans_the_jobs_it_feeds(finished):
     assert bins == {"study_config": 3, "length_report": 3, "all": 1}
     # a job's threads: nothing
     assert planned(root, work, edited(train={**STUDY["train"], "threads": 2})) == {}
+    # a row: its model's jobs and every report (its rows); a row removed: the reports only
+    row = planned(root, work, edited(models={**STUDY["models"], "encodings": ["sinusoidal", "alibi", "rope"]}))
+    assert row == {"train": 1, "average": 1, "label": 1, "test_model": 2, "decode": 3, "detok": 3, "score": 3,
+                   "study_config": 3, "length_report": 3, "results": 1, "all": 1}
+    assert planned(root, work, edited(models={**STUDY["models"], "encodings": ["sinusoidal"]})) == {
+        "study_config": 3, "length_report": 3, "results": 1, "all": 1}
 
 
 def test_a_files_studys_mistakes_are_refused_by_its_dry_run_in_one_line(tmp_path):
