@@ -2,6 +2,7 @@
 corpus's files (the sources file and the archives of a shipped corpus, or the user's own files of
 ``corpus.name: files``) and the settings of each step (its params), which
 recipes/posenc_workflow/prepare.py's subcommands run with."""
+import functools
 import hashlib
 import json
 import os
@@ -60,13 +61,17 @@ def files_data_dir(config: dict, src: str, tgt: str) -> str:
 
 
 def count_lines(path: str) -> int:
-    """Lines as fairseq and wc count them, a last line without its newline included."""
-    lines, last = 0, b"\n"
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            lines += block.count(b"\n")
-            last = block[-1:]
-    return lines + (last != b"\n")
+    """prepare.py's count (what its gather refuses on), once a file's content as its size and time
+    say: a parse of the workflow builds a Corpus more than once (prepare.smk, plan.py)."""
+    stat = os.stat(path)
+    return _count_lines(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _count_lines(path: str, size: int, mtime: int) -> int:
+    from posenc_workflow.prepare import count_lines as counted
+
+    return counted(path)
 
 
 class Corpus:
@@ -270,20 +275,30 @@ class Corpus:
         return _preparation(self.study.config["corpus"], self.style) | {"pair": "-".join(self.langs),
                                                                         "bpe_size": self.bpe_size}
 
+    def prepared_record(self) -> Optional[dict]:
+        """DATA/prepared.json (which study prepared DATA, with what), None where there is none."""
+        try:
+            with open(os.path.join(self.data, "prepared.json"), encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def preparation_changes(self, record: dict, shown: str) -> str:
+        """Each ``corpus.FIELD`` whose value in ``record`` (DATA/prepared.json) differs from this
+        study's, as ``shown`` formats it from the two values' JSON (``{theirs}``, ``{ours}``)."""
+        theirs, ours = record.get("preparation") or {}, json.loads(json.dumps(self.preparation()))
+        return ", ".join(f"corpus.{k} " + shown.format(theirs=json.dumps(theirs.get(k)), ours=json.dumps(ours.get(k)))
+                         for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k))
+
     def check_owner(self, out: str):
         """ValueError (one line) when DATA was prepared by another study (OUT) with other settings:
         this one would prepare it again in place, under that study's models."""
-        path = os.path.join(self.data, "prepared.json")
-        if not os.path.isfile(path):
+        record = self.prepared_record()
+        if record is None or record.get("study") == out:
             return
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-        ours = json.loads(json.dumps(self.preparation()))
-        if record.get("study") == out or record.get("preparation") == ours:
+        changed = self.preparation_changes(record, "{theirs} (here {ours})")
+        if not changed:
             return
-        theirs = record.get("preparation") or {}
-        changed = ", ".join(f"corpus.{k} {json.dumps(theirs.get(k))} (here {json.dumps(ours.get(k))})"
-                            for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k))
         raise ValueError(f"corpus.data {self.data} was prepared by the study {record.get('study')} with {changed}: "
                          "preparing it again here would undo that study's corpus; set corpus.data to another "
                          "directory (or delete this one)")

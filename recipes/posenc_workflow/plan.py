@@ -554,15 +554,10 @@ def stale_data(study) -> str:
     newer = [path for path in inputs if os.path.isfile(path) and os.path.getmtime(path) > prepared]
     if newer:
         return f"{', '.join(newer)} newer than {corpus_bin}"
-    try:
-        with open(os.path.join(study.data, "prepared.json"), encoding="utf-8") as f:
-            record = json.load(f).get("preparation") or {}
-    except (OSError, ValueError):
-        record = None
-    ours = json.loads(json.dumps(corpus.preparation()))
-    if record is not None and record != ours:
-        return ", ".join(f"corpus.{k} {json.dumps(ours.get(k))} (prepared with {json.dumps(record.get(k))})"
-                         for k in sorted(set(record) | set(ours)) if record.get(k) != ours.get(k))
+    record = corpus.prepared_record()
+    changed = corpus.preparation_changes(record, "{ours} (prepared with {theirs})") if record is not None else ""
+    if changed:
+        return changed
     if not study.split:
         return ""
     split_bin = study.data_bin()

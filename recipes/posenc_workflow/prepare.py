@@ -72,9 +72,14 @@ def _filter(cmd: List[str], src: str, dst: str):
     os.replace(dst + ".tmp", dst)
 
 
-def _lines(path: str) -> int:
+def count_lines(path: str) -> int:
+    """Lines as fairseq and wc count them, a last line without its newline included."""
+    lines, last = 0, b"\n"
     with open(path, "rb") as f:
-        return sum(1 for _ in f)
+        for block in iter(lambda: f.read(1 << 20), b""):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -157,7 +162,7 @@ def tokenize(data: str, s: Dict, workers: int):
     for split in s["splits"]:
         for lang in (s["src"], s["tgt"]):
             raw = os.path.join(data, "raw", f"{split}.{lang}")
-            print(f"| {split}.{lang}: {_lines(raw)} lines", flush=True)
+            print(f"| {split}.{lang}: {count_lines(raw)} lines", flush=True)
             if s.get("tokenize") == "none":  # a files corpus already tokenized
                 shutil.copyfile(raw, os.path.join(data, "tok", f"{split}.{lang}"))
                 continue
@@ -264,20 +269,25 @@ def segment(data: str, s: Dict, workers: int):
                 shutil.copyfile(p("bpe", f"{test}.{lang}"), p(f"{test}.{lang}"))
                 shutil.copyfile(p("raw", f"{test}.{lang}"), p(f"{test}.raw.{lang}"))  # SacreBLEU's references
     for split in ("train", "valid", *tests):
-        print(f"| {split}: {_lines(p(f'{split}.{src}'))} sentence pairs ({data}/{split}.{{{src},{tgt}}})", flush=True)
+        print(f"| {split}: {count_lines(p(f'{split}.{src}'))} sentence pairs ({data}/{split}.{{{src},{tgt}}})", flush=True)
 
 
 def binarize(data: str, s: Dict, workers: int):
-    dest = os.path.join(data, "data-bin")
+    tests = s.get("tests", ["test"])
+    options = ["--trainpref", os.path.join(data, "train"), "--validpref", os.path.join(data, "valid")]
+    options += ["--testpref", ",".join(os.path.join(data, t) for t in tests)] if tests else []
+    options += ["--joined-dictionary"] if s["joined_dictionary"] else []
+    _preprocess(data, s, options, workers)
+
+
+def _preprocess(where: str, s: Dict, options: List[str], workers: int):
+    """fairseq-preprocess of SRC-TGT with ``options`` into WHERE/data-bin, replaced whole (its log:
+    WHERE/preprocess.log)."""
+    dest = os.path.join(where, "data-bin")
     tmp = dest + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tests = s.get("tests", ["test"])
-    cmd = [_bin("fairseq-preprocess"), "--source-lang", s["src"], "--target-lang", s["tgt"],
-           "--trainpref", os.path.join(data, "train"), "--validpref", os.path.join(data, "valid"),
-           "--destdir", tmp, "--workers", str(workers)]
-    cmd += ["--testpref", ",".join(os.path.join(data, t) for t in tests)] if tests else []
-    cmd += ["--joined-dictionary"] if s["joined_dictionary"] else []
-    _run(cmd, log=os.path.join(data, "preprocess.log"))
+    _run([_bin("fairseq-preprocess"), "--source-lang", s["src"], "--target-lang", s["tgt"], *options,
+          "--destdir", tmp, "--workers", str(workers)], log=os.path.join(where, "preprocess.log"))
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
 
@@ -293,15 +303,10 @@ def test(data: str, out: str, s: Dict, workers: int):
     for lang in (src, tgt):
         _apply(data, s, os.path.join(out, "tok", f"test.{lang}"), os.path.join(out, f"test.{lang}"))
         shutil.copyfile(os.path.join(out, "raw", f"test.{lang}"), os.path.join(out, f"test.raw.{lang}"))
-    dest = os.path.join(out, "data-bin")
-    tmp = dest + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    _run([_bin("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt, "--testpref", os.path.join(out, "test"), "--destdir", tmp, "--workers", str(workers),
-          "--srcdict", os.path.join(data, "data-bin", f"dict.{src}.txt"),
-          "--tgtdict", os.path.join(data, "data-bin", f"dict.{tgt}.txt")], log=os.path.join(out, "preprocess.log"))
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
-    print(f"| test: {_lines(os.path.join(out, f'test.{src}'))} sentence pairs ({out}/test.{{{src},{tgt}}}, "
+    _preprocess(out, s, ["--testpref", os.path.join(out, "test"),
+                         *(f"--{side}dict={os.path.join(data, 'data-bin', f'dict.{lang}.txt')}"
+                           for side, lang in (("src", src), ("tgt", tgt)))], workers)
+    print(f"| test: {count_lines(os.path.join(out, f'test.{src}'))} sentence pairs ({out}/test.{{{src},{tgt}}}, "
           f"binarized with {data}/data-bin's dictionaries)", flush=True)
 
 

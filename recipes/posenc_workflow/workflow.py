@@ -411,7 +411,7 @@ class Study:
     def test_data_bin(self, test) -> str:
         """The binarized set ``test`` (a TestSet) is decoded from: the split's or the corpus's, or
         a named test set's own (prepared apart: recipes/rules/prepare.smk, prepare_test)."""
-        return self.data_bin() if test.where == "models" else os.path.join(self.out, test.where, "data", "data-bin")
+        return self.data_bin() if test.where == "models" else os.path.join(self._test_data(test), "data-bin")
 
     def report_config(self, test_name: Optional[str] = None) -> dict:
         """What the report reads of the study (its study.json): the rows, seeds, baseline, bins and
@@ -434,8 +434,12 @@ class Study:
 
     def test_reference(self, test) -> str:
         """The raw references SacreBLEU scores ``test`` against (the target side as given)."""
-        where = self.data if test.where == "models" else os.path.join(self.out, test.where, "data")
+        where = self.data if test.where == "models" else self._test_data(test)
         return os.path.join(where, f"{test.prefix}.raw.{self.tgt}")
+
+    def _test_data(self, test) -> str:
+        """Where a named test set is prepared (recipes/rules/prepare.smk, prepare_test)."""
+        return os.path.join(self.out, test.where, "data")
 
     # -- rows and their preflight -----------------------------------------------------------------
     def _check_rows(self, preflight: bool):
