@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 import torch
-from fairseq import checkpoint_utils
+from fairseq import checkpoint_utils, options
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from posenc_workflow import pipeline, toy_data
@@ -156,6 +156,15 @@ def test_relation_heads_that_do_not_divide_the_teacher_stop_at_construction(setu
         criterion(setup, relation_heads=48)
     assert str(error.value) == ("--relation-heads 48 does not divide the attention width 32 of the teacher's "
                                 "encoder; choose a divisor of 32")
+
+
+def test_a_criterion_value_is_refused_while_fairseq_parses():
+    """fairseq parses again once the criterion added its options: a bad value stops there, before
+    the model and the criterion are built (positions/values.py's ``check_when_parsed``)."""
+    with pytest.raises(PosencError, match=r"^--relation-heads must be positive, got 0$"):
+        options.parse_args_and_arch(options.get_training_parser(), input_args=[
+            "data", "--user-dir", pipeline.USER_DIR, "--arch", "transformer_posenc", "--criterion",
+            "relation_distillation", "--relation-heads", "0"])
 
 
 def test_relation_heads_that_do_not_divide_the_student_stop_fairseq_train_before_training(setup, tmp_path):

@@ -2,11 +2,12 @@
 modules they reach, with what. (Through fairseq's trainer: tests/fairseq/test_floater_schedule.py.)"""
 import pathlib
 import re
+import types
 
 import torch
 
 import fairseq_posenc
-from fairseq_posenc.update_hooks import announce_update, finish_update
+from fairseq_posenc.update_hooks import _check_trainer, announce_update, finish_update
 
 
 class Recorder(torch.nn.Module):
@@ -31,6 +32,20 @@ def test_every_module_that_asks_is_told_and_no_other():
     assert wants.calls == [("begin", 3), ("finish", 1.0, None), ("finish", 0.25, None)]
     # wants_finish_update False: nothing to add, so not finished (begin_update still reaches it)
     assert declines.calls == [("begin", 3)]
+
+
+def test_a_trainer_is_checked_once():
+    """``check_trainer`` runs once a trainer: when it is built, not again at each update (fairseq's
+    ``train_step`` checks as well, for a trainer built before the plugin was loaded)."""
+    class Checked(Recorder):
+        def check_trainer(self, trainer):
+            self.calls.append(("check", trainer))
+
+    module = Checked()
+    trainer = types.SimpleNamespace(_model=torch.nn.Sequential(module))
+    _check_trainer(trainer)
+    _check_trainer(trainer)
+    assert module.calls == [("check", trainer)]
 
 
 def test_the_plugin_runs_no_code_of_its_own_making():
