@@ -78,15 +78,17 @@ PositionFlags = dataclasses.make_dataclass("PositionFlags", _scheme_fields(), ba
 ALL_CONFIGS = (PosencConfig, PositionFlags)
 
 
-def set_defaults(args):
-    """Architecture-style defaults (``args.x = getattr(args, "x", default)``) for every flag, and
-    every value checked (:func:`check_values`, :func:`refuse_positions_removed`). Every architecture
-    calls it: fairseq-train's option parsing (``parse_args_and_arch``) refuses a value before the data
-    is read, and a model built from a namespace or a checkpoint is checked before it is built."""
+def set_defaults(args, architecture):
+    """Architecture-style defaults (``args.x = getattr(args, "x", default)``) for every flag, then
+    fairseq's ``architecture`` (the model's sizes), then every value checked (:func:`check_values`,
+    against those sizes; :func:`refuse_positions_removed`). Every architecture calls it: fairseq-train's
+    option parsing (``parse_args_and_arch``) refuses a value before the data is read, and a model built
+    from a namespace or a checkpoint is checked before it is built."""
     for config in ALL_CONFIGS:
         for f in dataclasses.fields(config):
             if not f.name.startswith("_"):
                 setattr(args, f.name, getattr(args, f.name, f.default))
+    architecture(args)
     check_values(args)
     refuse_positions_removed(args)
 
