@@ -20,6 +20,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from ..compat import PosencError
 from ..positions import POSITION_ENCODINGS, get_position_encoding
 from ..positions.base import FROM_CHECKPOINT
+from ..positions.float_bounds import attention_head_dim_high
 from ..positions.segments import SegmentBias
 from ..positions import values
 from ..positions.values import Values
@@ -43,7 +44,9 @@ class PosencConfig(FairseqDataclass):
     attention_head_dim: Optional[int] = field(
         default=None,
         metadata={
-            "label": "head size {}", "values": Values(low=1),
+            "label": "head size {}",
+            "values": Values(low=1, high=attention_head_dim_high,
+                             why="larger, the attention's projections alone exceed this machine's memory"),
             "help": "size of each attention head, independent of embed dim / heads "
             "(Bhojanapalli et al., 2020); logits scaled by 1/sqrt(N). Default: embed dim / heads"
         },
