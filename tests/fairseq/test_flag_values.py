@@ -96,11 +96,14 @@ def invalid_values(field, tmp_path):
         return ["two words"]
     if spec.layer:  # an index: its range is checked where the model is known
         return ["1.5", "99"]
-    low, high = spec.low_of(_walked_args()), spec.high_of(_walked_args())
+    args = _walked_args()
+    low, high = spec.low_of(args), spec.high_of(args)
     if kind is float:  # the nearest numbers past the bounds
         outside = [low if spec.above else math.nextafter(low, -math.inf)]
-        return ["abc", "inf"] + [repr(v) for v in outside + ([math.nextafter(high, math.inf)] if high is not None else [])]
-    return ["1.5"] + [str(v) for v in [low if spec.above else low - 1] + ([high + 1] if high is not None else [])]
+        outside += [math.nextafter(high, math.inf)] if high is not None else []
+        return ["abc", "inf"] + [repr(v) for v in outside]
+    outside = [low if spec.above else low - 1] + ([high + 1] if high is not None else [])
+    return ["1.5"] + [str(v) for v in outside]
 
 
 #: the flags of the issue that stopped under a traceback, with their one line
