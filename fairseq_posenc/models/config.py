@@ -20,6 +20,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from ..compat import PosencError
 from ..positions import POSITION_ENCODINGS, get_position_encoding
 from ..positions.base import FROM_CHECKPOINT
+from ..positions.float_bounds import attention_head_dim_high
 from ..positions.segments import SegmentBias
 from ..positions import values
 from ..positions.values import Values
@@ -43,7 +44,9 @@ class PosencConfig(FairseqDataclass):
     attention_head_dim: Optional[int] = field(
         default=None,
         metadata={
-            "label": "head size {}", "values": Values(low=1),
+            "label": "head size {}",
+            "values": Values(low=1, high=attention_head_dim_high,
+                             why="larger, the attention's projections alone exceed this machine's memory"),
             "help": "size of each attention head, independent of embed dim / heads "
             "(Bhojanapalli et al., 2020); logits scaled by 1/sqrt(N). Default: embed dim / heads"
         },
@@ -78,15 +81,17 @@ PositionFlags = dataclasses.make_dataclass("PositionFlags", _scheme_fields(), ba
 ALL_CONFIGS = (PosencConfig, PositionFlags)
 
 
-def set_defaults(args):
-    """Architecture-style defaults (``args.x = getattr(args, "x", default)``) for every flag, and
-    every value checked (:func:`check_values`, :func:`refuse_positions_removed`). Every architecture
-    calls it: fairseq-train's option parsing (``parse_args_and_arch``) refuses a value before the data
-    is read, and a model built from a namespace or a checkpoint is checked before it is built."""
+def set_defaults(args, architecture):
+    """Architecture-style defaults (``args.x = getattr(args, "x", default)``) for every flag, then
+    fairseq's ``architecture`` (the model's sizes), then every value checked (:func:`check_values`,
+    against those sizes; :func:`refuse_positions_removed`). Every architecture calls it: fairseq-train's
+    option parsing (``parse_args_and_arch``) refuses a value before the data is read, and a model built
+    from a namespace or a checkpoint is checked before it is built."""
     for config in ALL_CONFIGS:
         for f in dataclasses.fields(config):
             if not f.name.startswith("_"):
                 setattr(args, f.name, getattr(args, f.name, f.default))
+    architecture(args)
     check_values(args)
     refuse_positions_removed(args)
 

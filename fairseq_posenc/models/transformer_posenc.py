@@ -91,8 +91,7 @@ class PosencTransformerModel(TransformerModel):
 
 @register_model_architecture("transformer_posenc", "transformer_posenc")
 def posenc_base_architecture(args):
-    set_defaults(args)
-    base_architecture(args)
+    set_defaults(args, base_architecture)
 
 
 @register_model_architecture("transformer_posenc", "transformer_posenc_wmt_en_de")
@@ -102,16 +101,14 @@ def transformer_posenc_wmt_en_de(args):
 
 @register_model_architecture("transformer_posenc", "transformer_posenc_wmt_en_de_big")
 def transformer_posenc_wmt_en_de_big(args):
-    set_defaults(args)
-    transformer_vaswani_wmt_en_de_big(args)
+    set_defaults(args, transformer_vaswani_wmt_en_de_big)
 
 
 # fairseq's transformer_iwslt_de_en (d 512, ffn 1024, 4 heads, 6 + 6 layers): the size of
 # fairseq's IWSLT'14 German-English example and of recipes/iwslt14_de_en
 @register_model_architecture("transformer_posenc", "transformer_posenc_iwslt_de_en")
 def transformer_posenc_iwslt_de_en(args):
-    set_defaults(args)
-    transformer_iwslt_de_en(args)
+    set_defaults(args, transformer_iwslt_de_en)
 
 
 def _with_encoding(name, architecture):

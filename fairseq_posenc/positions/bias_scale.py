@@ -27,11 +27,18 @@ from typing import Tuple
 
 import torch
 
+from .float_bounds import position_bias_scale_range, position_bias_scale_stds
 from .values import Values
 
 logger = logging.getLogger(__name__)
 
 FLAG = "--position-bias-scale"
+#: the standard deviation of a learned logit bias's initialisation, N(0, INIT_STD^2), stored / S
+INIT_STD = 0.02
+
+
+def _range(args):
+    return position_bias_scale_range(position_bias_scale_stds(args))
 
 
 @dataclass
@@ -39,7 +46,9 @@ class BiasScaleConfig:
     position_bias_scale: float = field(
         default=1.0,
         metadata={
-            "label": "bias scale {}", "values": Values(low=0, above=True),
+            "label": "bias scale {}",
+            "values": Values(low=lambda args: _range(args)[0], high=lambda args: _range(args)[1],
+                             why="S and the initial weights / S in float32's normal range"),
             "help": "t5, diet_rel, diet_abs, --segment-attention: learn the attention-logit biases S times "
             "faster under Adam, as S * w with w starting at init / S (the same model at step 0). Default 1"
         },
@@ -63,6 +72,13 @@ class ScaledBiases:
     #: names (in the module's state dict) of the parameters used as S x w
     scaled_parameters: Tuple[str, ...] = ()
     bias_scale: float
+
+    @classmethod
+    def initial_stds(cls, args, head_dim: int) -> Tuple[float, ...]:
+        """The standard deviation of each scaled parameter's initialisation (before / S), for a
+        stack of head size ``head_dim``; none for parameters initialised at 0 (the bounds of S,
+        :func:`.float_bounds.position_bias_scale_range`)."""
+        return (INIT_STD,)
 
     def carried_options(self) -> dict:
         """S as the loaded weights were trained with it (their ``_extra_state``; a load into a model

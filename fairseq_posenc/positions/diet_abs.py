@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from .base import PositionEncoding, at_least_float32, gather_square
-from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
+from .bias_scale import INIT_STD, BiasScaleConfig, ScaledBiases, bias_scale
 from .sharing import SharingConfig, resolve_sharing
 from .values import Values
 
@@ -47,7 +47,11 @@ class DietAbs(ScaledBiases, PositionEncoding):
         self.p_q = nn.Parameter(torch.empty(groups, self.max_positions, heads, self.rank))
         self.p_k = nn.Parameter(torch.empty(groups, self.max_positions, heads, self.rank))
         nn.init.normal_(self.p_q, std=self.rank**-0.5 / self.bias_scale)
-        nn.init.normal_(self.p_k, std=0.02 / self.bias_scale)
+        nn.init.normal_(self.p_k, std=INIT_STD / self.bias_scale)
+
+    @classmethod
+    def initial_stds(cls, args, head_dim):
+        return ((getattr(args, "diet_rank", None) or head_dim) ** -0.5, INIT_STD)
 
     def published_options(self):
         return {**super().published_options(), "diet_rank": self.head_dim, "position_sharing": "layers"}

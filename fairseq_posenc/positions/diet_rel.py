@@ -5,7 +5,8 @@ import torch
 import torch.nn as nn
 
 from .base import PositionEncoding
-from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
+from .bias_scale import INIT_STD, BiasScaleConfig, ScaledBiases, bias_scale
+from .float_bounds import max_relative_distance_high
 from .sharing import SharingConfig, resolve_sharing
 from .values import Values
 
@@ -14,7 +15,8 @@ from .values import Values
 class RelativeDistanceConfig:
     max_relative_distance: Optional[int] = field(
         default=None,
-        metadata={"values": Values(low=1),
+        metadata={"values": Values(low=1, high=max_relative_distance_high,
+                                   why="no two of the model's positions are further apart"),
                   "help": "clip relative offsets to [-K, K]. Default: 128 for diet_rel, 16 for shaw"},
     )
 
@@ -39,7 +41,7 @@ class DietRel(ScaledBiases, PositionEncoding):
         self.bias_scale = bias_scale(cfg)
         # (groups, heads, 2K + 1): index K + (i - j)
         self.weight = nn.Parameter(torch.empty(groups, heads, 2 * self.max_distance + 1))
-        nn.init.normal_(self.weight, std=0.02 / self.bias_scale)
+        nn.init.normal_(self.weight, std=INIT_STD / self.bias_scale)
 
     def published_options(self):
         return {**super().published_options(), "max_relative_distance": 128, "position_sharing": "none"}

@@ -1,22 +1,38 @@
-"""Bounds of option values past which a computation of the model overflows float32 (issue 53):
-each derived from float32's range and the computation it guards, one function per bound, for the
-option's declared values (:mod:`.values`, ``Values(low=...)``)."""
+"""Bounds of option values past which the model is meaningless, cannot be built, or a computation of
+it overflows float32 (issue 53): each derived from the model's sizes, the machine's memory or
+float32's range and the computation it guards, one function per bound, for the option's declared
+values (:mod:`.values`, ``Values(low=..., high=...)``). The model's sizes are those its architecture
+set (``set_defaults`` checks after it); fairseq's transformer defaults where a namespace lacks them."""
+import math
+import os
+from typing import Optional, Tuple
+
 import torch
 
 FLOAT32 = torch.finfo(torch.float32)
-#: fairseq's transformer default of --max-source-positions and --max-target-positions
-DEFAULT_POSITIONS = 1024
+#: fairseq's transformer defaults: --max-source/target-positions, embed dim, heads, layers
+DEFAULT_POSITIONS, DEFAULT_WIDTH, DEFAULT_HEADS, DEFAULT_LAYERS = 1024, 512, 8, 6
+#: the largest |z| of a standard normal draw of torch's generators: Box-Muller on uniforms of at most
+#: 64 bits (u >= 2^-64), |z| <= sqrt(-2 ln 2^-64) = 9.42
+NORMAL_DRAW_MAX = math.sqrt(2 * 64 * math.log(2))
 
 
 def _sides(args):
-    """(head size, positions) of the encoder's and the decoder's attention, as the model is built
-    (models/transformer_stacks.py's _head_dim)."""
+    """(head size, positions, heads, width, layers) of the encoder's and the decoder's attention, as
+    the model is built (models/transformer_stacks.py's _head_dim)."""
     given = getattr(args, "attention_head_dim", None)
     for side in ("encoder", "decoder"):
-        heads = getattr(args, f"{side}_attention_heads", None) or 8
-        width = getattr(args, f"{side}_embed_dim", None) or 512
+        heads = getattr(args, f"{side}_attention_heads", None) or DEFAULT_HEADS
+        width = getattr(args, f"{side}_embed_dim", None) or DEFAULT_WIDTH
         positions = getattr(args, f"max_{'source' if side == 'encoder' else 'target'}_positions", None)
-        yield (given or width // heads), (positions or DEFAULT_POSITIONS)
+        layers = getattr(args, f"{side}_layers", None) or DEFAULT_LAYERS
+        yield (given or width // heads), (positions or DEFAULT_POSITIONS), heads, width, layers
+
+
+def _largest_finite(roundings: int) -> float:
+    """float32's largest number lowered by ``roundings`` float32 roundings (at most 1 ulp each), so
+    that a result computed within them stays finite."""
+    return float(FLOAT32.max) / (1 + roundings * float(FLOAT32.eps))
 
 
 def rope_theta_low(args) -> float:
@@ -27,9 +43,9 @@ def rope_theta_low(args) -> float:
     each) so that the computed angle stays finite; at least float32's smallest normal number, so
     that theta itself keeps its precision in float32. Head size 2: every angle is p theta^0 = p."""
     bound = float(FLOAT32.tiny)
-    for head_dim, positions in _sides(args):
+    for head_dim, positions, *_ in _sides(args):
         if head_dim > 2 and positions > 1:
-            largest = float(FLOAT32.max) / (1 + 4 * float(FLOAT32.eps))
+            largest = _largest_finite(4)
             bound = max(bound, ((positions - 1) / largest) ** (head_dim / (head_dim - 2)))
     return bound
 
@@ -42,3 +58,84 @@ def floater_lr_scale_low(args) -> float:
     for h's weights (nn.Linear's initialisation: |W| <= 1) and for the initial states (0.02 z, a
     normal draw of |z| < 200)."""
     return float(FLOAT32.tiny)
+
+
+def max_relative_distance_high(args) -> int:
+    """The largest --max-relative-distance K that clips anything: no two of the model's P positions
+    (the larger of --max-source-positions and --max-target-positions; K is the encoder's and the
+    decoder's) are more than P - 1 apart, and a larger K only adds 2 (K - P + 1) table rows no
+    offset reads (1e12 tried to allocate 64 TB)."""
+    return max(positions for _, positions, *_ in _sides(args)) - 1
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def attention_head_dim_high(args) -> Optional[int]:
+    """The largest --attention-head-dim N whose attention projections fit in this machine's memory.
+    fairseq builds the model in the process's memory, in float32 (on the CPU, before moving it to
+    a device): every attention has 4 projections of width x (heads x N) weights (q, k, v and the
+    output), the encoder's layers one attention each, the decoder's two (self and cross). Those
+    weights alone must fit in the machine's physical memory: a necessary bound, not a sufficient one
+    (the rest of the model, the optimizer's state), so only a model that cannot be built is refused.
+    Machine memory unknown: no bound."""
+    memory = physical_memory()
+    if memory <= 0:
+        return None
+    per_unit = sum(4 * width * heads * layers * (1 if side == 0 else 2)
+                   for side, (_, _, heads, width, layers) in enumerate(_sides(args)))
+    return max(1, memory // (per_unit * torch.tensor([], dtype=torch.float32).element_size()))
+
+
+def position_bias_scale_stds(args) -> Tuple[float, ...]:
+    """The standard deviations of the initialisations of the parameters --position-bias-scale scales
+    in the model ``args`` describes: its encoding's and, with --segment-attention, the segment bias's
+    (their ``initial_stds``), per side."""
+    from . import POSITION_ENCODINGS
+    from .bias_scale import uses_bias_scale
+    from .segments import SegmentBias
+
+    scheme = POSITION_ENCODINGS.get(getattr(args, "position_encoding", None))
+    users = [scheme] if scheme is not None and uses_bias_scale(scheme) else []
+    users += [SegmentBias] if getattr(args, "segment_attention", False) else []
+    return tuple(std for user in users for head_dim, *_ in _sides(args) for std in user.initial_stds(args, head_dim))
+
+
+def position_bias_scale_range(stds) -> Tuple[float, float]:
+    """(lowest, highest) --position-bias-scale S for scaled parameters initialised N(0, std^2) for
+    each of ``stds`` (bias_scale.py: stored as w = init / S, used as S w, in float32): S itself a
+    normal float32 number (1e-300 is 0 in float32 and w = init / 0 infinite; 1e300 is inf), the
+    largest initial draw, std x 9.42 / S (:data:`NORMAL_DRAW_MAX`), finite, and the initialisation's
+    scale std / S a normal float32 number, else w keeps fewer bits of it, down to 0 (1e300: S w =
+    0 x inf = NaN). ``stds`` empty (a bias initialised at 0): S's own range."""
+    low, high = float(FLOAT32.tiny), float(FLOAT32.max)
+    for std in stds:
+        low = max(low, std * NORMAL_DRAW_MAX / _largest_finite(2))
+        high = min(high, std / float(FLOAT32.tiny))
+    return low, high
+
+
+def floater_solved_positions(positions: int) -> int:
+    """The most positions FLOATER's ODE solves for inputs of up to ``positions``: a training forward
+    the input's, a decode's kept solution at least MIN_TABLE and grown by doubling past the length
+    it needs (floater/ode.py's ``positions``): from s < L <= P to max(L, 2 s) <= 2 (P - 1)."""
+    from .base import MIN_TABLE
+
+    return max(MIN_TABLE, positions, 2 * (positions - 1))
+
+
+def floater_dt_range(args) -> Tuple[float, float]:
+    """(lowest, highest) --floater-dt: dt a normal float32 number (1e-300 is 0 in float32: every
+    time 0 and the count of solver steps NaN), and the times of FLOATER's positions, i x dt, finite
+    in float32 up to the last position solved (:func:`floater_solved_positions` of the larger of
+    --max-source-positions and --max-target-positions), with 2 roundings (dt's to float32 and the
+    product's; 1e300 is inf, and time 0 x inf is NaN). The solver's steps lie between those times.
+    What this does not bound: how large the solution grows with the time, which h's learned
+    weights decide (--floater-dissipation bounds it)."""
+    positions = max(positions for _, positions, *_ in _sides(args))
+    return float(FLOAT32.tiny), _largest_finite(2) / max(1, floater_solved_positions(positions) - 1)

@@ -54,6 +54,10 @@ class SegmentBias(ScaledBiases, PositionEncoding):
         self.weight = nn.Parameter(torch.zeros(num_layers, num_heads, cfg.max_segments, cfg.max_segments))
         self._segments = None
 
+    @classmethod
+    def initial_stds(cls, args, head_dim):
+        return ()  # initialised at 0
+
     @staticmethod
     def largest_bias(state, scale: float) -> float:
         """The largest |scalar| on the logits, from this module's state dict (keys without the

@@ -6,7 +6,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .base import PositionEncoding
-from .bias_scale import BiasScaleConfig, ScaledBiases, bias_scale
+from .bias_scale import INIT_STD, BiasScaleConfig, ScaledBiases, bias_scale
 from .values import Values
 
 
@@ -67,7 +67,7 @@ class T5Bias(ScaledBiases, PositionEncoding):
         self.num_buckets, self.max_distance = cfg.t5_num_buckets, cfg.t5_max_distance
         self.bias_scale = bias_scale(cfg)
         self.bias = nn.Embedding(self.num_buckets, num_heads)
-        nn.init.normal_(self.bias.weight, std=0.02 / self.bias_scale)
+        nn.init.normal_(self.bias.weight, std=INIT_STD / self.bias_scale)
 
     @staticmethod
     def largest_bias(state, scale: float) -> float:

@@ -18,7 +18,8 @@ from ..compat import PosencError
 @dataclass(frozen=True)
 class Values:
     """What an option takes. A number (finite): ``low`` (a value, or a function of the model's flags
-    named in messages by ``bound``) and up, past it with ``above``, up to ``high``. A string: one of
+    named in messages by ``bound``) and up, past it with ``above``, up to ``high`` (a value or a
+    function of the model's flags). A string: one of
     ``choices`` (``noun`` names what they are), with ``subset`` a comma-separated list of them, each
     once, a ``file``'s path, or one ``token`` (no spaces). ``layer``: the index of a layer of the
     stack it names (negative: from the last), checked where that model is known (:func:`layer_refusal`).
@@ -26,7 +27,7 @@ class Values:
 
     low: Union[float, Callable, None] = None
     above: bool = False
-    high: Optional[float] = None
+    high: Union[float, Callable, None] = None
     bound: Optional[str] = None
     choices: Tuple[str, ...] = ()
     noun: Optional[str] = None
@@ -38,6 +39,9 @@ class Values:
 
     def low_of(self, args):
         return self.low(args) if callable(self.low) else self.low
+
+    def high_of(self, args):
+        return self.high(args) if callable(self.high) else self.high
 
 
 def value_type(field: dataclasses.Field):
@@ -58,14 +62,14 @@ def declared(field: dataclasses.Field) -> Optional[Values]:
 
 
 def _requirement(spec: Values, kind, args) -> str:
-    low = spec.low_of(args)
+    low, high = spec.low_of(args), spec.high_of(args)
     if kind is float:
-        if low == 0 and spec.high is None:
+        if low == 0 and high is None:
             return "a positive finite number" if spec.above else "a finite number >= 0"
         text = f"a finite number {'>' if spec.above else '>='} {low:g}"
-        return text + (f" and <= {spec.high:g}" if spec.high is not None else "")
-    if spec.high is not None:
-        return f"{low} or {spec.high:g}" if spec.high - low == 1 else f"from {low} to {spec.high:g}"
+        return text + (f" and <= {high:g}" if high is not None else "")
+    if high is not None:
+        return f"{low} or {high}" if high - low == 1 else f"from {low} to {high}"
     if spec.above:
         return f"exceed {spec.bound} = {low}" if spec.bound else f"exceed {low}"
     return "positive" if low == 1 else f"at least {low}"
@@ -102,9 +106,9 @@ def refusal(field: dataclasses.Field, value, args) -> Optional[str]:
         return f"{flag} must be a number, got {value!r}"
     if spec.layer:
         return None
-    low = spec.low_of(args)
+    low, high = spec.low_of(args), spec.high_of(args)
     inside = math.isfinite(value) and (low is None or (value > low if spec.above else value >= low)) and (
-        spec.high is None or value <= spec.high)
+        high is None or value <= high)
     if inside:
         return None
     verb = "" if _requirement(spec, kind, args).startswith("exceed") else "be "

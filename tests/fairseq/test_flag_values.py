@@ -6,8 +6,8 @@ derived from the option's type and its declared values (fairseq_posenc/positions
 unknown or misspelled plugin flag, in fairseq-train and fairseq-generate, in one line with the flag
 meant; and --no-token-positional-embeddings with every encoding. All runs in one process
 (tests/helpers/fairseq_runs.py)."""
-import argparse
 import json
+import math
 import re
 import subprocess
 import sys
@@ -16,6 +16,7 @@ import pytest
 from fairseq import options as fairseq_options
 from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.models import ARCH_MODEL_INV_REGISTRY, MODEL_REGISTRY
+from fairseq.tasks.translation import TranslationConfig
 
 from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.options import plugin_options
@@ -23,7 +24,7 @@ from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.values import declared, value_type
 from helpers.fairseq_runs import generate_command, preprocess_here, run_all, train_command
 from helpers.registries import fairseq_base, plugin, registered
-from helpers.toy import TINY, build_model
+from helpers.toy import TINY, build_model, model_args
 
 TRAIN = ["--arch", "transformer_posenc", "--cpu", *TINY, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "300",
          "--max-update", "1", "--no-progress-bar", "--num-workers", "0", "--disable-validation", "--no-save"]
@@ -71,8 +72,10 @@ def parser_options():
 OPTIONS = plugin_options()  # {flag: (field, what selects it)}: the options the plugin's flag errors know
 
 
-def _defaults():
-    return argparse.Namespace(**{f.name: f.default for f, _ in OPTIONS.values()})
+def _walked_args(*flags):
+    """The model's configuration in the walk's runs (TRAIN's sizes, the positions of fairseq's
+    translation task), with ``flags``: the bounds of values derived from the model are its."""
+    return model_args("transformer_posenc", *flags, max_positions=TranslationConfig().max_source_positions)
 
 
 def invalid_values(field, tmp_path):
@@ -93,15 +96,18 @@ def invalid_values(field, tmp_path):
         return ["two words"]
     if spec.layer:  # an index: its range is checked where the model is known
         return ["1.5", "99"]
-    low = spec.low_of(_defaults())
-    outside = [low if spec.above else low - 1] + ([spec.high + 1] if spec.high is not None else [])
-    wrong_type = ["1.5"] if kind is int else ["abc", "inf"]
-    return wrong_type + [str(kind(v)) for v in outside]
+    args = _walked_args()
+    low, high = spec.low_of(args), spec.high_of(args)
+    if kind is float:  # the nearest numbers past the bounds
+        outside = [low if spec.above else math.nextafter(low, -math.inf)]
+        outside += [math.nextafter(high, math.inf)] if high is not None else []
+        return ["abc", "inf"] + [repr(v) for v in outside]
+    outside = [low if spec.above else low - 1] + ([high + 1] if high is not None else [])
+    return ["1.5"] + [str(v) for v in outside]
 
 
 #: the flags of the issue that stopped under a traceback, with their one line
 ONE_LINE = {
-    ("--floater-dt", "-1"): "--floater-dt must be a positive finite number, got -1.0",
     ("--floater-solver", "nonsense"): "--floater-solver 'nonsense' is not a torchdiffeq method; choose one of euler,",
     ("--alibi-encoder", "nonsense"): "--alibi-encoder 'nonsense' is not a form; choose one of symmetric, split, "
                                      "crossed",
@@ -109,7 +115,6 @@ ONE_LINE = {
                                "a log-spaced bucket), got 0",
     ("--t5-max-distance", "-5"): "--t5-max-distance must exceed --t5-num-buckets / 2 = 16 (the distances the "
                                  "decoder's exact buckets cover), got -5",
-    ("--position-bias-scale", "0"): "--position-bias-scale must be a positive finite number, got 0.0",
     # TINY's head size 8: the bound is float32's smallest normal number (positions/float_bounds.py)
     ("--rope-theta", "-1"): "--rope-theta must be a finite number >= 1.17549e-38 (below it the last position's "
                             "rotation angles overflow float32), got -1.0",
@@ -139,6 +144,30 @@ ONE_LINE = {
     ("--relations", "qq,qq"): "--relations must be a comma-separated list of qq, kk, vv, each once, got 'qq,qq'",
 }
 
+
+#: issue 53's values past a bound derived from the model's sizes, the machine's memory or float32
+#: (fairseq_posenc/positions/float_bounds.py), with the encoding that takes the flag: (its flags, flag,
+#: value); 1e12 tried to allocate 64 TB, the others trained into NaN or stopped under a traceback
+BOUNDED = [
+    (["--position-encoding", "shaw"], "--max-relative-distance", "1000000000000"),
+    (["--position-encoding", "diet_rel"], "--max-relative-distance", "1000000000000"),
+    ([], "--attention-head-dim", "1000000000000"),
+    (["--position-encoding", "t5"], "--position-bias-scale", "1e300"),
+    (["--position-encoding", "diet_rel"], "--position-bias-scale", "1e-300"),
+    (["--position-encoding", "t5"], "--position-bias-scale", "0"),
+    (["--position-encoding", "floater"], "--floater-dt", "1e300"),
+    (["--position-encoding", "floater"], "--floater-dt", "1e-300"),
+    (["--position-encoding", "floater"], "--floater-dt", "-1"),
+]
+
+
+def _bounded_line(flags, flag, value):
+    """The refusal of ``value``, with the range its declared bounds derive for the run's model."""
+    field = OPTIONS[flag][0]
+    spec, kind, args = declared(field), value_type(field), _walked_args(*flags)
+    low, high = spec.low_of(args), spec.high_of(args)
+    usable = f"a finite number >= {low:g} and <= {high:g}" if kind is float else f"from {low} to {high}"
+    return f"{flag} must be {usable} ({spec.why}), got {kind(value)}"
 
 
 #: (name, program, its flags after the data): unknown and misplaced plugin flags
@@ -191,6 +220,9 @@ def runs(tmp_path_factory):
                 *TRAIN, *selector, *CRITERION_NEEDS[selector[1]](teacher), flag, value])))
         else:
             jobs.append((name, "fairseq-train", train_command(data, str(root / "save"), [*TRAIN, flag, value])))
+    for flags, flag, value in BOUNDED:
+        jobs.append((f"bound {' '.join(flags)} {flag} {value}", "fairseq-train", train_command(
+            data, str(root / "save"), [*TRAIN, *flags, flag, value])))
     for name, program, flags, _ in UNKNOWN:
         command = train_command(data, str(root / "save"), flags) if program == "fairseq-train" else (
             generate_command(data, str(root / "x.pt"), flags))
@@ -248,6 +280,14 @@ def test_the_issues_values_end_in_one_line(runs, flag, value):
     walked, results, _ = runs
     name = walked[(flag, value)]
     assert _one_line(results[name], name).startswith("fairseq-train: error: " + ONE_LINE[(flag, value)])
+
+
+@pytest.mark.parametrize("flags, flag, value", BOUNDED, ids=[" ".join([*b[0], b[1], b[2]]) for b in BOUNDED])
+def test_a_value_past_its_derived_bound_is_refused_in_one_line(runs, flags, flag, value):
+    _, results, _ = runs
+    name = f"bound {' '.join(flags)} {flag} {value}"
+    line = _one_line(results[name], name)
+    assert line == "fairseq-train: error: " + _bounded_line(flags, flag, value)
 
 
 @pytest.mark.parametrize("name, program, flags, line", UNKNOWN, ids=[u[0] for u in UNKNOWN])

@@ -104,7 +104,9 @@ for _symbol in ["<sep>", "<sep2>"] + [f"w{i}" for i in range(26)]:
 
 
 def _build(*flags):
-    return build_model("transformer_posenc", *flags, task=Task())
+    # fairseq's 1024 positions: diet_rel's published distance 128 and the walk's 256 and 129 are
+    # distances within them (at most positions - 1)
+    return build_model("transformer_posenc", *flags, task=Task(), max_positions=1024)
 
 
 def _choices(field):

@@ -36,10 +36,10 @@ def test_diet_rel_takes_a_max_distance_of_1_three_offsets_per_head():
         for i in range(4):
             for j in range(4):
                 assert bias[h, i, j] == rel.weight[0, h, max(-1, min(1, i - j)) + 1]
-    with pytest.raises(ValueError, match="--max-relative-distance must be positive"):
+    with pytest.raises(ValueError, match=r"--max-relative-distance must be from 1 to 63 \(.*\), got -1"):
         DietRel(cfg(max_relative_distance=-1), "encoder", 1, 2, 4)
     # 0 is refused too, not read as "unset" (128)
-    with pytest.raises(ValueError, match="--max-relative-distance must be positive, got 0"):
+    with pytest.raises(ValueError, match=r"--max-relative-distance must be from 1 to 63 \(.*\), got 0$"):
         DietRel(cfg(max_relative_distance=0), "encoder", 1, 2, 4)
     assert DietRel(cfg(), "encoder", 1, 2, 4).max_distance == 128
 

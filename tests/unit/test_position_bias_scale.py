@@ -148,7 +148,8 @@ def test_the_flag_reaches_the_model_through_fairseqs_parser_once():
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("scale", ["0", "-1", "nan", "inf"])
 def test_a_scale_that_is_not_positive_and_finite_is_refused_naming_the_flag(case, scale):
-    with pytest.raises(ValueError, match="--position-bias-scale must be a positive finite number"):
+    with pytest.raises(ValueError, match=rf"^--position-bias-scale must be a finite number >= 1.17549e-38 and <= .*, "
+                                         rf"got {float(scale)}$"):
         _model(case, scale)
 
 

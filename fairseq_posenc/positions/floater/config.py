@@ -5,7 +5,7 @@ from typing import Optional
 
 from ...compat import PosencError
 from ..base import PositionBlocksConfig
-from ..float_bounds import floater_lr_scale_low
+from ..float_bounds import floater_dt_range, floater_lr_scale_low
 from ..values import Values
 
 FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
@@ -93,8 +93,10 @@ class FloaterConfig(PositionBlocksConfig):
                                 "help": "floater: step of the fixed-step solvers (default dt / 5; "
                                 "refused with an adaptive solver, which chooses its own)"}
     )
-    floater_dt: float = field(default=0.1, metadata={"label": "dt {}", "values": Values(low=0, above=True),
-                                                     "help": "floater: time between two positions"})
+    floater_dt: float = field(default=0.1, metadata={
+        "label": "dt {}", "help": "floater: time between two positions",
+        "values": Values(low=lambda args: floater_dt_range(args)[0], high=lambda args: floater_dt_range(args)[1],
+                         why="the positions' times i x dt in float32")})
     floater_dissipation: float = field(
         default=0.0,
         metadata={"label": "dissipation {}", "values": Values(low=0, why="0: the paper's FLOATER"),
