@@ -1,7 +1,8 @@
 """The plugin package (fairseq_posenc: what --user-dir loads and what a user of the plugin imports)
 imports nothing of the workflow (recipes/posenc_workflow) nor any other Python of the checkout
-(scripts/, tests/), counting the imports made inside functions; the workflow's package and scripts
-import the plugin and the workflow by their installed names, never through sys.path edits."""
+(scripts/, tests/), counting the imports made inside functions; the workflow's package, the scripts
+and the tests import the plugin, the workflow and the scripts by their names or files, never
+through sys.path edits."""
 import ast
 import os
 
@@ -55,13 +56,47 @@ def test_the_walk_sees_imports_inside_functions():
     assert "fairseq_posenc.models.config" in imported(os.path.join(PLUGIN, "labels.py"))
 
 
+def _is_sys_path(node) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
+
+
+def sys_path_edits(source: str, name: str = "<source>"):
+    """The lines of Python ``source`` that change ``sys.path``: one of its list methods that edit it
+    called, it or an item of it assigned, pytest's ``syspath_prepend``."""
+    lines = []
+    for node in ast.walk(ast.parse(source, filename=name)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                node.func.attr == "syspath_prepend" or _is_sys_path(node.func.value) and node.func.attr in (
+                    "insert", "append", "extend", "remove", "pop", "clear")):
+            lines.append(node.lineno)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                while isinstance(target, ast.Subscript):
+                    target = target.value
+                if _is_sys_path(target):
+                    lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_sys_path_check_sees_each_kind_of_edit():
+    source = ("import sys\nsys.path.insert(0, 'a')\nsys.path[:0] = ['b']\nsys.path += ['c']\n"
+              "def t(monkeypatch):\n    monkeypatch.syspath_prepend('d')\nprint(sys.path.index('a'), 'sys.path.insert')\n")
+    assert sys_path_edits(source) == [2, 3, 4, 6]
+
+
 @pytest.mark.parametrize("path", [*modules(PLUGIN), *modules(WORKFLOW), *modules(os.path.join(REPO, "scripts")),
-                                  os.path.join(REPO, "recipes", "Snakefile")], ids=lambda p: os.path.relpath(p, REPO))
+                                  os.path.join(REPO, "recipes", "Snakefile"), *modules(os.path.join(REPO, "tests"))],
+                         ids=lambda p: os.path.relpath(p, REPO))
 def test_no_sys_path_edit_imports_the_packages(path):
     with open(path, encoding="utf-8") as f:
         source = f.read()
-    assert "sys.path.insert" not in source and "sys.path.append" not in source, (
-        f"{os.path.relpath(path, REPO)} edits sys.path: import the packages by their installed names")
+    if path.endswith(".py"):
+        edits = sys_path_edits(source, path)
+    else:  # the Snakefile: Snakemake's syntax, not Python's
+        edits = [n for n, line in enumerate(source.splitlines(), 1) if "sys.path.insert" in line or "sys.path.append" in line]
+    assert not edits, (f"{os.path.relpath(path, REPO)} edits sys.path (line {edits[0]}): import the packages by their "
+                       "installed names, a script by its file (tests/helpers/scripts.py)")
 
 
 def test_no_test_module_imports_another():
