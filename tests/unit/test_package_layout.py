@@ -1,10 +1,13 @@
 """The plugin package (fairseq_posenc: what --user-dir loads and what a user of the plugin imports)
 imports nothing of the workflow (recipes/posenc_workflow) nor any other Python of the checkout
-(scripts/, tests/), counting the imports made inside functions; the workflow's package, the scripts
+(scripts/, tests/), counting the imports made inside functions, and holds nothing that --user-dir
+leaves unloaded without a reason; the workflow's package, the scripts
 and the tests import the plugin, the workflow and the scripts by their names or files, never
 through sys.path edits."""
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -97,6 +100,35 @@ def test_no_sys_path_edit_imports_the_packages(path):
         edits = [n for n, line in enumerate(source.splitlines(), 1) if "sys.path.insert" in line or "sys.path.append" in line]
     assert not edits, (f"{os.path.relpath(path, REPO)} edits sys.path (line {edits[0]}): import the packages by their "
                        "installed names, a script by its file (tests/helpers/scripts.py)")
+
+
+#: the plugin's modules that loading it as fairseq does (--user-dir) leaves unloaded, and why each
+#: is the plugin's: everything else it ships is what registers and runs models, loaded by every
+#: fairseq command, and code that only the workflow or the scripts use is the workflow's
+LOADED_ON_DEMAND = {
+    "fairseq_posenc.labels": "a model's label read from its checkpoint, a program of the plugin (python -m "
+                             "fairseq_posenc.labels CHECKPOINT) that the workflow's label rule runs",
+    "fairseq_posenc.bias_bound": "how far each encoding's learned biases could move and did, read from the "
+                                 "encodings' own parameters in a checkpoint (the demo's bias table)",
+}
+
+
+@pytest.mark.slow  # a Python process that imports fairseq
+def test_user_dir_loads_every_module_of_the_plugin_but_those_loaded_on_demand():
+    script = ("import argparse, sys\nfrom fairseq.utils import import_user_module\n"
+              f"import_user_module(argparse.Namespace(user_dir={PLUGIN!r}))\n"
+              "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'fairseq_posenc')))\n")
+    loaded = set(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                cwd=REPO).stdout.split())
+    shipped = {".".join(["fairseq_posenc", *os.path.relpath(path, PLUGIN)[:-3].split(os.sep)]).removesuffix(".__init__")
+               for path in modules(PLUGIN)}
+    assert "fairseq_posenc.positions.alibi" in loaded
+    unloaded = shipped - loaded
+    assert unloaded <= set(LOADED_ON_DEMAND), (
+        f"--user-dir leaves {sorted(unloaded - set(LOADED_ON_DEMAND))} unloaded: move them to the workflow "
+        "(recipes/posenc_workflow) if only the workflow or the scripts use them, else add them to LOADED_ON_DEMAND "
+        "with the reason")
+    assert unloaded == set(LOADED_ON_DEMAND), f"{sorted(set(LOADED_ON_DEMAND) - unloaded)}: loaded by --user-dir now"
 
 
 def test_no_test_module_imports_another():

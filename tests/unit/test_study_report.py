@@ -1,5 +1,5 @@
-"""The length-generalisation report (fairseq_posenc/study_report.py, scripts/bleu_by_length.py) on
-hand-made generations whose scores are known."""
+"""The length-generalisation report (recipes/posenc_workflow/length_report.py, significance.py,
+decoding_limit.py; scripts/bleu_by_length.py) on hand-made generations whose scores are known."""
 import json
 import math
 import os
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 
-from fairseq_posenc.generation import Generation
-from fairseq_posenc.study_report import (SENTENCES_AND_SEEDS, SENTENCES_ONLY, build_report, compare_seeds,
-                                         decoding_limit_note, decoding_limit_ok, first_cut_length, markdown,
-                                         paired_bootstrap, read_decoding_limit, with_seed_variance, write_report)
 from helpers import scripts
+from posenc_workflow.decoding_limit import decoding_limit_note, decoding_limit_ok, first_cut_length, read_decoding_limit
+from posenc_workflow.generation import Generation
+from posenc_workflow.length_report import build_report, markdown, write_report
+from posenc_workflow.significance import (SENTENCES_AND_SEEDS, SENTENCES_ONLY, compare_seeds, paired_bootstrap,
+                                          with_seed_variance)
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
 VOCAB = [f"w{i}" for i in range(200)]
