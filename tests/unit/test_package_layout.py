@@ -1,9 +1,9 @@
 """The plugin package (fairseq_posenc: what --user-dir loads and what a user of the plugin imports)
 imports nothing of the workflow (recipes/posenc_workflow) nor any other Python of the checkout
 (scripts/, tests/), counting the imports made inside functions, and holds nothing that --user-dir
-leaves unloaded without a reason; the workflow's package, the scripts
-and the tests import the plugin, the workflow and the scripts by their names or files, never
-through sys.path edits."""
+leaves unloaded without a reason; the workflow's package, the scripts and the tests import the
+plugin, the workflow and the scripts by their names or files, never through sys.path edits;
+setup.py's console scripts are the workflow's modules that run as commands."""
 import ast
 import os
 import subprocess
@@ -129,6 +129,28 @@ def test_user_dir_loads_every_module_of_the_plugin_but_those_loaded_on_demand():
         "(recipes/posenc_workflow) if only the workflow or the scripts use them, else add them to LOADED_ON_DEMAND "
         "with the reason")
     assert unloaded == set(LOADED_ON_DEMAND), f"{sorted(set(LOADED_ON_DEMAND) - unloaded)}: loaded by --user-dir now"
+
+
+def runs_as_command(path: str) -> bool:
+    """Whether the module at ``path`` has a ``main`` callable without arguments (what a console
+    script calls) and calls something under ``if __name__ == "__main__":``."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
+    main = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"), None)
+    guarded = any(isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+                  for node in tree.body)
+    return guarded and main is not None and len(main.args.defaults) == len(main.args.posonlyargs + main.args.args) \
+        and None not in main.args.kw_defaults
+
+
+def test_the_console_scripts_are_the_workflow_modules_that_run_as_commands():
+    tree = ast.parse(open(os.path.join(REPO, "setup.py"), encoding="utf-8").read())
+    listed = next((ast.literal_eval(node.value) for node in tree.body
+                   if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["WORKFLOW_STEPS"]), None)
+    assert listed is not None, "setup.py names no WORKFLOW_STEPS: its console scripts are listed by hand"
+    commands = [os.path.basename(p)[:-3] for p in modules(WORKFLOW) if runs_as_command(p)]
+    assert sorted(listed) == sorted(commands)
+    # run_args.py runs as a file only: its main takes the arguments run.sh gives it
+    assert "run_args" not in commands and runs_as_command(os.path.join(WORKFLOW, "scoring.py"))
 
 
 def test_no_test_module_imports_another():
