@@ -1,4 +1,4 @@
-"""Bounds of option values past which a computation of the model overflows float32 (issue 53):
+"""Bounds of option values past which a computation of the model overflows float32:
 each derived from float32's range and the computation it guards, one function per bound, for the
 option's declared values (:mod:`.values`, ``Values(low=...)``)."""
 import torch
