@@ -1,4 +1,3 @@
-import os
 import sys
 
 from setuptools import find_packages, setup
@@ -27,17 +26,11 @@ def floater_extension():
     return {"ext_modules": [ext], "cmdclass": {"build_ext": OptionalBuild.with_options(use_ninja=False)}}
 
 
-def workflow_steps():
-    """posenc-STEP for each module of the workflow package that runs as a command (its ``main``):
-    the rules run the same modules as files (python recipes/posenc_workflow/scoring.py ...), as
-    the docs do."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes", "posenc_workflow")
-    steps = []
-    for name in sorted(n for n in os.listdir(folder) if n.endswith(".py")):
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            if 'if __name__ == "__main__":\n    main()' in f.read():
-                steps.append(f"posenc-{name[:-3].replace('_', '-')}=posenc_workflow.{name[:-3]}:main")
-    return steps
+#: the workflow's modules that run as a command (their ``main``), each a console script posenc-STEP;
+#: the rules run the same modules as files (python recipes/posenc_workflow/scoring.py ...), as the
+#: docs do (tests/unit/test_package_layout.py checks the list against the modules)
+WORKFLOW_STEPS = ["plan", "prepare", "report", "rerank", "schema_doc", "scoring", "short_to_long", "text",
+                  "toy_corpus", "train_job", "wmt_data"]
 
 
 setup(
@@ -49,7 +42,8 @@ setup(
     # workflow (recipes/): two packages imported by name, never through sys.path edits
     packages=find_packages(include=["fairseq_posenc", "fairseq_posenc.*"]) + ["posenc_workflow"],
     package_dir={"posenc_workflow": "recipes/posenc_workflow"},
-    entry_points={"console_scripts": workflow_steps()},
+    entry_points={"console_scripts": [f"posenc-{step.replace('_', '-')}=posenc_workflow.{step}:main"
+                                      for step in WORKFLOW_STEPS]},
     python_requires=">=3.11",
     # Exact pins live in requirements*.txt and are installed by `make install`; these are the
     # import-time needs, left unpinned so that installing the plugin never replaces torch.

@@ -23,9 +23,7 @@ cannot run under, or to set fairseq up for it. A loop of one's own calls :func:`
 before its optimizer step.
 
 Optimizer steps are not counted: position tables kept for decoding compare the parameters' values
-at the first step of every decode (:mod:`fairseq_posenc.positions.kept`), and a count was read
-only in the middle of one, where fairseq's cached keys and values are of the first step's
-parameters anyway.
+themselves (:mod:`fairseq_posenc.positions.kept`).
 
 The same wrapper lets fairseq's fp16 overflow path run on a CPU trainer (:func:`_overflow_on_cpu`).
 """

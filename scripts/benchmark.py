@@ -61,11 +61,11 @@ from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEn
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 from fairseq.tasks.translation import TranslationTask  # noqa: E402
 
-from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
 from fairseq_posenc.models.from_flags import MODEL_SIZES, build_from_flags, size_flags  # noqa: E402
 from fairseq_posenc.positions import POSITION_ENCODINGS  # noqa: E402
 from fairseq_posenc.update_hooks import announce_update, finish_update  # noqa: E402
 from posenc_workflow import pipeline, toy_data  # noqa: E402
+from posenc_workflow.length_bins import write_text_atomically  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "fairseq_posenc")

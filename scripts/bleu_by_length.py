@@ -21,7 +21,7 @@ reported as one set, every sentence kept. A file in which a source sentence's id
 outputs concatenated, each counting from 0) is refused: one of the two sentences would be lost. Give a model trained with
 ``--position-encoding none`` too: it is the floor that tells what any position information buys.
 
-The interval (fairseq_posenc/study_report.py) is the paired bootstrap over test sentences; with
+The interval (recipes/posenc_workflow/significance.py) is the paired bootstrap over test sentences; with
 two or more seeds per model the difference is that of the mean BLEU over seeds and its interval
 also covers the spread between seeds (Welch's t on the per-seed BLEU). With one seed it cannot,
 and the report marks each of its stars with a dagger that says so: two seeds of one model can
@@ -37,9 +37,11 @@ import logging
 
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-from fairseq_posenc import study_report  # noqa: E402
-from fairseq_posenc.length_bins import DEFAULT_EDGES, read_lines  # noqa: E402
-from fairseq_posenc.generation import join, parse_generate_output  # noqa: E402
+from posenc_workflow import length_report  # noqa: E402
+from posenc_workflow.decoding_limit import decoding_limit_note, read_decoding_limit  # noqa: E402
+from posenc_workflow.generation import join, parse_generate_output  # noqa: E402
+from posenc_workflow.length_bins import DEFAULT_EDGES, read_lines  # noqa: E402
+from posenc_workflow.significance import N_BOOTSTRAP  # noqa: E402
 
 
 def main(argv=None):
@@ -61,7 +63,7 @@ def main(argv=None):
                         help="left edges of the bins; the last is open-ended")
     parser.add_argument("--unit", default="words", help="what the source's space-separated tokens are")
     parser.add_argument("--title", default="", help="plot title")
-    parser.add_argument("--bootstrap-samples", type=int, default=study_report.N_BOOTSTRAP,
+    parser.add_argument("--bootstrap-samples", type=int, default=N_BOOTSTRAP,
                         help="paired bootstrap resamples of the test sentences (the test-set part of the interval)")
     parser.add_argument("--seeds", type=int, nargs="+",
                         help="the training seed of each generation file, in order, for the report (default: 1 2 ...)")
@@ -138,25 +140,25 @@ def main(argv=None):
             texts.append("\n".join(read_lines(path)))
         sources = read_lines(args.decoded_source) if args.decoded_source else runs[next(iter(runs))][0].sources
         footer = decoding_footer(texts, sources)
-        report = study_report.build_report(runs, args.bins, args.unit, args.baseline, args.bootstrap_samples,
-                                           seeds=args.seeds or list(range(1, n_seeds + 1)), footer=footer,
-                                           controls=controls)
+        report = length_report.build_report(runs, args.bins, args.unit, args.baseline, args.bootstrap_samples,
+                                            seeds=args.seeds or list(range(1, n_seeds + 1)), footer=footer,
+                                            controls=controls)
     except (OSError, ValueError) as e:
         fail(e)
-    paths = study_report.write_report(report, args.out, args.title)
+    paths = length_report.write_report(report, args.out, args.title)
     print(open(paths["markdown"]).read())
     print("| wrote " + ", ".join(paths.values()))
 
 
 def decoding_footer(texts, sources) -> str:
-    limits = {limit for limit in map(study_report.read_decoding_limit, texts) if limit is not None}
+    limits = {limit for limit in map(read_decoding_limit, texts) if limit is not None}
     if not limits:
         return ("Decoding limit: not checked (no fairseq-generate config line found; pass its log with "
                 "--decoding-log).")
     # +1: fairseq counts the end-of-sentence token in the source length
     longest = max(len(s.split()) for s in sources) + 1
     # one note per distinct limit, when the runs used several
-    return " ".join(study_report.decoding_limit_note(a, b, longest) for a, b in sorted(limits))
+    return " ".join(decoding_limit_note(a, b, longest) for a, b in sorted(limits))
 
 
 if __name__ == "__main__":

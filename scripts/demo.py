@@ -18,7 +18,7 @@ last 3 epoch checkpoints averaged).
 With --seeds, each encoding is trained once per seed (``--seeds 3``: seeds 1, 2, 3; or a list,
 ``--seeds 1 5 9``), and the report gives per bin SacreBLEU, chrF and the length ratio hyp/ref as
 mean ± std over seeds, with a paired bootstrap 95% interval of each encoding's BLEU difference
-from --baseline (fairseq_posenc/study_report.py): Markdown and JSON, and a two-panel PNG plot.
+from --baseline (recipes/posenc_workflow/length_report.py): Markdown and JSON, and a two-panel PNG plot.
 Beside the report, positions_ENC.png draws what each encoding looks like in the first seed's best
 checkpoint (scripts/plot_positions.py).
 Your own corpus: a study of the workflow with its corpus's configuration (recipes/README.md).

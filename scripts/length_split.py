@@ -23,7 +23,7 @@ import os
 
 # before fairseq's import configures the root logger at INFO (fairseq/tasks/text_to_speech.py)
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-from fairseq_posenc.length_bins import DEFAULT_EDGES, DEFAULT_TRAIN_BELOW, keep_short, split_by_length  # noqa: E402
+from posenc_workflow.length_bins import DEFAULT_EDGES, DEFAULT_TRAIN_BELOW, keep_short, split_by_length  # noqa: E402
 
 
 def main(argv=None):
@@ -46,7 +46,7 @@ def main(argv=None):
                         help="the validation files' subword segmentation, undone to count --unit tokens")
     args = parser.parse_args(argv)
     if args.lengths_only:
-        from fairseq_posenc.length_bins import length_distribution
+        from posenc_workflow.length_bins import length_distribution
 
         try:
             for line in length_distribution(args.src, args.train_below, args.bins):

@@ -79,7 +79,8 @@ TARGETS = {
     P + "t5.py": FUNCTIONS + ENCODINGS,
     "fairseq_posenc/update_hooks.py": ["tests/unit/test_update_hooks.py", "tests/unit/test_kept_tables.py",
                                        "tests/fairseq/test_floater_schedule.py"],
-    "fairseq_posenc/study_report.py": ["tests/unit/test_seed_interval.py", "tests/unit/test_study_report.py"],
+    "recipes/posenc_workflow/significance.py": ["tests/unit/test_seed_interval.py", "tests/unit/test_study_report.py"],
+    "recipes/posenc_workflow/length_report.py": ["tests/unit/test_study_report.py"],
     "fairseq_posenc/labels.py": ["tests/fairseq/test_labels.py"],
     "recipes/posenc_workflow/train_config.py": ["tests/workflow/test_train_config.py"],
 }
@@ -115,7 +116,7 @@ NAMED = [
      "(pos.k_frame[None, :] - pos.q_frame[:, None])", "(pos.q_frame[:, None] - pos.k_frame[None, :])"),
     (P + "rnn.py", "change a default: the RNN's scalar input is i, not i * dt",
      "dtype=torch.float32) * self.dt)", "dtype=torch.float32))"),
-    ("fairseq_posenc/study_report.py", "change a default: the interval's 97.5% quantile of the t test",
+    ("recipes/posenc_workflow/significance.py", "change a default: the interval's 97.5% quantile of the t test",
      "scipy_stats.t.ppf(0.975, dof)", "scipy_stats.t.ppf(0.95, dof)"),
     (P + "t5.py", "flip a sign in a bias: T5's scalars subtracted",
      "return self.bias(buckets).t() * self.bias_scale", "return -self.bias(buckets).t() * self.bias_scale"),

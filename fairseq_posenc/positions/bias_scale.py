@@ -2,12 +2,12 @@
 
 Under Adam a parameter moves by at most about lr per update, so a learned scalar added to the
 attention logits (T5's per-bucket bias, DIET-REL's per-offset bias, DIET's segment scalars) can
-end a run at most about sum(lr) from its initial value: ~1.25 logits for the demo (800 updates,
-peak 3e-3, warmup 100), ~24 for the WMT base recipe (:mod:`fairseq_posenc.bias_bound`). With
-S = ``--position-bias-scale`` a scheme stores w and uses bias = S * w, w initialised at init / S:
-the model at step 0 is the same, and each Adam step moves the bias S times as far. DIET-ABS's
-P_Q and P_K are scaled each, which makes the first-order step of P_Q P_K^T S times larger
-(:class:`.diet_abs.DietAbs` says why).
+end a run at most about sum(lr) from its initial value (:mod:`fairseq_posenc.bias_bound`;
+docs/encodings.md gives the demo's and the WMT base recipe's). With S = ``--position-bias-scale``
+a scheme stores w and uses bias = S * w, w initialised at init / S: the model at step 0 is the
+same, and each Adam step moves the bias S times as far. DIET-ABS's P_Q and P_K are scaled each,
+which makes the first-order step of P_Q P_K^T S times larger (:class:`.diet_abs.DietAbs` says
+why).
 
 Why a reparametrisation and not a per-parameter learning rate: fairseq's
 ``FairseqOptimizer.set_lr`` writes one lr into every parameter group at each update, and

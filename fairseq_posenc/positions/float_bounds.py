@@ -1,5 +1,5 @@
 """Bounds of option values past which the model is meaningless, cannot be built, or a computation of
-it overflows float32 (issue 53): each derived from the model's sizes, the machine's memory or
+it overflows float32: each derived from the model's sizes, the machine's memory or
 float32's range and the computation it guards, one function per bound, for the option's declared
 values (:mod:`.values`, ``Values(low=..., high=...)``). The model's sizes are those its architecture
 set (``set_defaults`` checks after it); fairseq's transformer defaults where a namespace lacks them."""

@@ -10,10 +10,10 @@ No single signal is enough, so two are checked:
   so may EMA or checkpoint averaging done in memory. Version counters alone let validation
   during ``fairseq-train`` run with the tables of the first validation.
 
-The value comparison costs one pass over the parameters (about 2 ms for a million floats on one
-CPU core), once per forward of a stack. During one step-by-step decode the whole check is made
-at the first step only: fairseq's cached keys and values are of the parameters of that first
-step as well, so nothing can change them in between without breaking the decode anyway.
+The value comparison costs one pass over the parameters (docs/encodings.md says how long), once
+per forward of a stack. During one step-by-step decode the whole check is made at the first step
+only: fairseq's cached keys and values are of the parameters of that first step as well, so
+nothing can change them in between without breaking the decode anyway.
 
 Beside the tensors, every kept result has a key: the configuration of the module that built it
 (:func:`configuration`: its settings, derived from its attributes, not listed by hand: dt, the

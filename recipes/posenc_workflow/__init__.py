@@ -6,12 +6,15 @@
 - sources.py: the files of the checkout a script runs (a rule's inputs, a model's code key);
 - plan.py: the plan of each model before training, disk space;
 - corpus.py: a corpus's preparation commands and settings (the rules' params), its test sets;
-  prepare.py: its preparation steps (a files corpus's gathered first); short_to_long.py: the
-  length split of a prepared corpus; toy_corpus.py: the demo's generated pair; wmt_data.py: the archives
-  (download, extraction); text.py: tokenize, clean, lowercase, sentencepiece;
-- scoring.py: SacreBLEU and tokenized BLEU; rerank.py: GNMT's length penalty by reranking an
-  n-best list; report.py: the studies' reports; row_names.py: a report's row names;
-  schema_doc.py: recipes/README.md's reference;
+  prepare.py: its preparation steps (a files corpus's gathered first); short_to_long.py and
+  length_bins.py: the length split of a prepared corpus; toy_corpus.py: the demo's generated pair;
+  wmt_data.py: the archives (download, extraction); text.py: tokenize, clean, lowercase,
+  sentencepiece;
+- generation.py: fairseq-generate's output, read; scoring.py: SacreBLEU and tokenized BLEU;
+  rerank.py: GNMT's length penalty by reranking an n-best list; report.py: the studies' reports;
+  length_report.py: the length report (significance.py: its intervals; length_plot.py: its plot;
+  decoding_limit.py: its footer); row_names.py: a report's row names; schema_doc.py:
+  recipes/README.md's reference;
 - pipeline.py: fairseq's commands for the demo, the benchmark and the tests; toy_data.py: the
   toy language pairs.
 

@@ -15,7 +15,7 @@ USER_DIR = os.path.join(ROOT, "fairseq_posenc")
 SCRIPTS_DIR = os.path.join(ROOT, "scripts")
 
 
-from fairseq_posenc.generation import Generation, parse_generate_output  # noqa: E402,F401  (fairseq-generate's output, read)
+from posenc_workflow.generation import Generation, parse_generate_output  # noqa: E402,F401  (fairseq-generate's output, read)
 
 
 class CommandFailed(RuntimeError):

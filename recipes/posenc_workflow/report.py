@@ -24,9 +24,10 @@ from collections import OrderedDict
 from typing import Dict, List
 
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-from fairseq_posenc import study_report  # noqa: E402
-from fairseq_posenc.generation import parse_generate_output  # noqa: E402
-from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
+from posenc_workflow import length_report  # noqa: E402
+from posenc_workflow.decoding_limit import decoding_limit_note, read_decoding_limit  # noqa: E402
+from posenc_workflow.generation import parse_generate_output  # noqa: E402
+from posenc_workflow.length_bins import write_text_atomically  # noqa: E402
 
 CONTROL = "vanilla_continued"
 MAX_POSITIONS = 1024
@@ -157,9 +158,9 @@ def cmd_length(args):
     study, rows, names = _study_rows(args)
     runs = {label: [generations[d] for d in dirs] for label, dirs in rows.items()}
     texts = [_read(os.path.join(d, "test.log")) for dirs in rows.values() for d in dirs]
-    limits = {limit for limit in map(study_report.read_decoding_limit, texts) if limit is not None}
+    limits = {limit for limit in map(read_decoding_limit, texts) if limit is not None}
     longest = max(len(s.split()) for gens in runs.values() for g in gens for s in g.sources) + 1
-    footer = " ".join(study_report.decoding_limit_note(a, b, longest) for a, b in sorted(limits))
+    footer = " ".join(decoding_limit_note(a, b, longest) for a, b in sorted(limits))
     bins, unit = length_bins(study) or (None, "words")
     segmented = decoded_segmentation(study)
     if unit == "words" and segmented != "none":
@@ -169,10 +170,10 @@ def cmd_length(args):
         for gens in runs.values():
             for gen in gens:
                 gen.sources = [remove_bpe(source, segmented) for source in gen.sources]
-    report = study_report.build_report(runs, bins, unit, _baseline(study, rows, names),
-                                       seeds=study["models"]["seeds"], footer=footer, controls=_controls(rows))
+    report = length_report.build_report(runs, bins, unit, _baseline(study, rows, names),
+                                        seeds=study["models"]["seeds"], footer=footer, controls=_controls(rows))
     title = (study.get("report") or {}).get("title") or study["out"]
-    paths = study_report.write_report(report, args.out, title)
+    paths = length_report.write_report(report, args.out, title)
     print(_read(paths["markdown"]))
 
 
@@ -318,20 +319,20 @@ def cmd_demo(args):
     toy = study["corpus"]["toy"]
     bins = study["report"].get("bins") or [3] + list(range(toy["train_max_len"] + 1, toy["long_max_len"] + 1, 6))
     longest = max(len(s.split()) for gens in runs.values() for s in gens[0].sources)
-    footer = study_report.decoding_limit_note(MAX_LEN_A, MAX_LEN_B, longest + 1, MAX_POSITIONS,
-                                              what="the demo's fairseq-generate")
+    footer = decoding_limit_note(MAX_LEN_A, MAX_LEN_B, longest + 1, MAX_POSITIONS,
+                                 what="the demo's fairseq-generate")
     baseline = _baseline(study, rows, specs)
-    report = study_report.build_report(runs, bins, "words", baseline, seeds=seeds, footer=footer,
-                                       controls=_controls(rows))
+    report = length_report.build_report(runs, bins, "words", baseline, seeds=seeds, footer=footer,
+                                        controls=_controls(rows))
     scale = study["train"].get("position_bias_scale")
-    paths = study_report.write_report(
+    paths = length_report.write_report(
         report, os.path.join(args.out, "bleu_by_length"),
         title=f"Trained on sources of at most {toy['train_max_len']} words"
         + (f", {len(seeds)} seeds" if len(seeds) > 1 else "")
         + (f", --position-bias-scale {scale:g}" if scale not in (None, 1, 1.0) else ""))
     note = demo_note(study, study["models"]["encodings"])
     note += "".join(f" {label}: {specs[label]}." for label in rows if ":" in specs[label])
-    summary = summary_table(table, note) + bias_table(table) + "\n" + study_report.markdown(report)
+    summary = summary_table(table, note) + bias_table(table) + "\n" + length_report.markdown(report)
     write_text_atomically(os.path.join(args.out, "results.md"), summary)
     write_text_atomically(os.path.join(args.out, "results.json"), json.dumps(
         {"unit": "words", "edges": bins, "seeds": seeds, "max_update": study["train"]["max_update"],

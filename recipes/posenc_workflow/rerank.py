@@ -57,7 +57,8 @@ _LINE = re.compile(r"^([A-Z])-(\d+)(?:_\d+)?\t")
 
 
 def write_text_atomically(path: str, text: str):
-    """As fairseq_posenc.length_bins' (not imported: importing the plugin imports fairseq, seconds)."""
+    """As length_bins' (a copy: importing that module would make an edit of the length split rerun
+    every rerank, sources.py)."""
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)

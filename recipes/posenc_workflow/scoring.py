@@ -44,22 +44,11 @@ import json
 import logging
 import os
 import re
-import sys
 from typing import List, Optional
 
 logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
-if "fairseq_posenc" not in sys.modules:
-    # the package's modules without its __init__ (the plugin's registration imports fairseq and torch,
-    # seconds a job, for two modules that need neither)
-    import importlib.util
-    import types
-
-    _package = types.ModuleType("fairseq_posenc")
-    _package.__path__ = list(importlib.util.find_spec("fairseq_posenc").submodule_search_locations)
-    sys.modules["fairseq_posenc"] = _package
-from fairseq_posenc.length_bins import write_text_atomically  # noqa: E402
-from fairseq_posenc.generation import parse_generate_output  # noqa: E402
-
+from posenc_workflow.generation import parse_generate_output  # noqa: E402
+from posenc_workflow.length_bins import write_text_atomically  # noqa: E402
 from posenc_workflow.text import detokenize_line, read_file  # noqa: E402
 
 

@@ -15,6 +15,7 @@ from fairseq_posenc.labels import model_label
 from fairseq_posenc.modules import PositionalAttention
 from fairseq_posenc.positions import AttentionPositions
 from fairseq_posenc.positions.alibi import ENCODER_FORMS, ALiBi, alibi_bias, alibi_slopes
+from helpers import scripts
 from helpers.tolerances import assert_within, float32_tolerance, magnitude
 from helpers.toy import build_model, full_log_probs, toy_batch, with_strong_positions
 
@@ -431,14 +432,9 @@ def test_the_label_comes_from_the_stored_form_not_the_saved_configuration(checkp
     # and the study report (scripts/bleu_by_length.py) names a row by its checkpoint's label
     generation = tmp_path / "gen.txt"
     generation.write_text("".join(f"S-{i}\ta b c\nT-{i}\ta b c\nH-{i}\t-0.1\ta b c\n" for i in range(4)))
-    sys.path.insert(0, os.path.join(root_dir, "scripts"))
-    try:
-        from bleu_by_length import main as bleu_by_length
-    finally:
-        sys.path.remove(os.path.join(root_dir, "scripts"))
-    bleu_by_length(["--generation", f"sinusoidal={generation}", f"alibi={generation}", "--checkpoint",
-                    f"alibi={tmp_path / 'averaged_last1.pt'}", "--bins", "1", "--bootstrap-samples", "40",
-                    "--out", str(tmp_path / "report")])
+    scripts.script("bleu_by_length").main([
+        "--generation", f"sinusoidal={generation}", f"alibi={generation}", "--checkpoint",
+        f"alibi={tmp_path / 'averaged_last1.pt'}", "--bins", "1", "--bootstrap-samples", "40", "--out", str(tmp_path / "report")])
     import json
 
     assert list(json.loads((tmp_path / "report.json").read_text())["models"]) == ["sinusoidal", "alibi (split)"]

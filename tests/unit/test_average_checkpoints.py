@@ -6,10 +6,11 @@ import sys
 import pytest
 import torch
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "average_checkpoints.py")
-sys.path.insert(0, os.path.dirname(SCRIPT))
-import average_checkpoints  # noqa: E402
-from helpers.tolerances import assert_within, float32_tolerance, magnitude  # noqa: E402
+from helpers.scripts import SCRIPTS, script
+from helpers.tolerances import assert_within, float32_tolerance, magnitude
+
+SCRIPT = os.path.join(SCRIPTS, "average_checkpoints.py")
+average_checkpoints = script("average_checkpoints")
 
 
 def _write(path, seed, dtype=torch.float32):

@@ -1,9 +1,13 @@
 """The plugin package (fairseq_posenc: what --user-dir loads and what a user of the plugin imports)
 imports nothing of the workflow (recipes/posenc_workflow) nor any other Python of the checkout
-(scripts/, tests/), counting the imports made inside functions; the workflow's package and scripts
-import the plugin and the workflow by their installed names, never through sys.path edits."""
+(scripts/, tests/), counting the imports made inside functions, and holds nothing that --user-dir
+leaves unloaded without a reason; the workflow's package, the scripts and the tests import the
+plugin, the workflow and the scripts by their names or files, never through sys.path edits;
+setup.py's console scripts are the workflow's modules that run as commands."""
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -55,13 +59,98 @@ def test_the_walk_sees_imports_inside_functions():
     assert "fairseq_posenc.models.config" in imported(os.path.join(PLUGIN, "labels.py"))
 
 
+def _is_sys_path(node) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
+
+
+def sys_path_edits(source: str, name: str = "<source>"):
+    """The lines of Python ``source`` that change ``sys.path``: one of its list methods that edit it
+    called, it or an item of it assigned, pytest's ``syspath_prepend``."""
+    lines = []
+    for node in ast.walk(ast.parse(source, filename=name)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                node.func.attr == "syspath_prepend" or _is_sys_path(node.func.value) and node.func.attr in (
+                    "insert", "append", "extend", "remove", "pop", "clear")):
+            lines.append(node.lineno)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                while isinstance(target, ast.Subscript):
+                    target = target.value
+                if _is_sys_path(target):
+                    lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_sys_path_check_sees_each_kind_of_edit():
+    source = ("import sys\nsys.path.insert(0, 'a')\nsys.path[:0] = ['b']\nsys.path += ['c']\n"
+              "def t(monkeypatch):\n    monkeypatch.syspath_prepend('d')\nprint(sys.path.index('a'), 'sys.path.insert')\n")
+    assert sys_path_edits(source) == [2, 3, 4, 6]
+
+
 @pytest.mark.parametrize("path", [*modules(PLUGIN), *modules(WORKFLOW), *modules(os.path.join(REPO, "scripts")),
-                                  os.path.join(REPO, "recipes", "Snakefile")], ids=lambda p: os.path.relpath(p, REPO))
+                                  os.path.join(REPO, "recipes", "Snakefile"), *modules(os.path.join(REPO, "tests"))],
+                         ids=lambda p: os.path.relpath(p, REPO))
 def test_no_sys_path_edit_imports_the_packages(path):
     with open(path, encoding="utf-8") as f:
         source = f.read()
-    assert "sys.path.insert" not in source and "sys.path.append" not in source, (
-        f"{os.path.relpath(path, REPO)} edits sys.path: import the packages by their installed names")
+    if path.endswith(".py"):
+        edits = sys_path_edits(source, path)
+    else:  # the Snakefile: Snakemake's syntax, not Python's
+        edits = [n for n, line in enumerate(source.splitlines(), 1) if "sys.path.insert" in line or "sys.path.append" in line]
+    assert not edits, (f"{os.path.relpath(path, REPO)} edits sys.path (line {edits[0]}): import the packages by their "
+                       "installed names, a script by its file (tests/helpers/scripts.py)")
+
+
+#: the plugin's modules that loading it as fairseq does (--user-dir) leaves unloaded, and why each
+#: is the plugin's: everything else it ships is what registers and runs models, loaded by every
+#: fairseq command, and code that only the workflow or the scripts use is the workflow's
+LOADED_ON_DEMAND = {
+    "fairseq_posenc.labels": "a model's label read from its checkpoint, a program of the plugin (python -m "
+                             "fairseq_posenc.labels CHECKPOINT) that the workflow's label rule runs",
+    "fairseq_posenc.bias_bound": "how far each encoding's learned biases could move and did, read from the "
+                                 "encodings' own parameters in a checkpoint (the demo's bias table)",
+}
+
+
+@pytest.mark.slow  # a Python process that imports fairseq
+def test_user_dir_loads_every_module_of_the_plugin_but_those_loaded_on_demand():
+    script = ("import argparse, sys\nfrom fairseq.utils import import_user_module\n"
+              f"import_user_module(argparse.Namespace(user_dir={PLUGIN!r}))\n"
+              "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'fairseq_posenc')))\n")
+    loaded = set(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                cwd=REPO).stdout.split())
+    shipped = {".".join(["fairseq_posenc", *os.path.relpath(path, PLUGIN)[:-3].split(os.sep)]).removesuffix(".__init__")
+               for path in modules(PLUGIN)}
+    assert "fairseq_posenc.positions.alibi" in loaded
+    unloaded = shipped - loaded
+    assert unloaded <= set(LOADED_ON_DEMAND), (
+        f"--user-dir leaves {sorted(unloaded - set(LOADED_ON_DEMAND))} unloaded: move them to the workflow "
+        "(recipes/posenc_workflow) if only the workflow or the scripts use them, else add them to LOADED_ON_DEMAND "
+        "with the reason")
+    assert unloaded == set(LOADED_ON_DEMAND), f"{sorted(set(LOADED_ON_DEMAND) - unloaded)}: loaded by --user-dir now"
+
+
+def runs_as_command(path: str) -> bool:
+    """Whether the module at ``path`` has a ``main`` callable without arguments (what a console
+    script calls) and calls something under ``if __name__ == "__main__":``."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
+    main = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"), None)
+    guarded = any(isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+                  for node in tree.body)
+    return guarded and main is not None and len(main.args.defaults) == len(main.args.posonlyargs + main.args.args) \
+        and None not in main.args.kw_defaults
+
+
+def test_the_console_scripts_are_the_workflow_modules_that_run_as_commands():
+    tree = ast.parse(open(os.path.join(REPO, "setup.py"), encoding="utf-8").read())
+    listed = next((ast.literal_eval(node.value) for node in tree.body
+                   if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["WORKFLOW_STEPS"]), None)
+    assert listed is not None, "setup.py names no WORKFLOW_STEPS: its console scripts are listed by hand"
+    commands = [os.path.basename(p)[:-3] for p in modules(WORKFLOW) if runs_as_command(p)]
+    assert sorted(listed) == sorted(commands)
+    # run_args.py runs as a file only: its main takes the arguments run.sh gives it
+    assert "run_args" not in commands and runs_as_command(os.path.join(WORKFLOW, "scoring.py"))
 
 
 def test_no_test_module_imports_another():

@@ -1,8 +1,5 @@
 """scripts/plot_positions.py: the arrays it plots are the model's own tables, for every registered
 encoding, from a checkpoint (averaged too), marked with the longest input the stacks trained on."""
-import os
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -14,13 +11,12 @@ from fairseq_posenc.positions.diet_rel import DietRel
 from fairseq_posenc.positions.rope import RotaryPositionEncoding, rope_angles
 from fairseq_posenc.positions.t5 import T5Bias, relative_position_bucket
 from helpers.forward_terms import biases_in_a_forward, floater_state, solved_positions
+from helpers.scripts import script
 from helpers.tolerances import assert_within, float32_tolerance, magnitude
 from helpers.toy import build_model, toy_batch, with_strong_positions
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
-sys.path.insert(0, SCRIPTS)
-import average_checkpoints  # noqa: E402
-import plot_positions  # noqa: E402
+average_checkpoints = script("average_checkpoints")
+plot_positions = script("plot_positions")
 
 N = 20
 

@@ -3,16 +3,15 @@ norm curve beside each heatmap, and the growth diagnostic for FLOATER and the RN
 against models whose growth and Jacobian are known in closed form."""
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
 import torch
 
+from helpers.scripts import script
 from helpers.toy import build_model
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts"))
-import plot_positions  # noqa: E402
+plot_positions = script("plot_positions")
 
 DIM = 32  # the toy models' attention width
 

@@ -1,4 +1,4 @@
-"""The interval of a difference of seed means (fairseq_posenc/study_report.py, ``with_seed_variance``
+"""The interval of a difference of seed means (recipes/posenc_workflow/significance.py, ``with_seed_variance``
 and ``shared_bootstrap_variance``) at its nominal level, by simulation from known variance
 components, on a synthetic sentence-level metric (a corpus score is the mean of its sentences'
 scores, so a resample's score is one matrix product and thousands of trials take seconds).
@@ -25,7 +25,7 @@ import math
 import numpy as np
 import pytest
 
-from fairseq_posenc.study_report import N_BOOTSTRAP, resample_counts, shared_bootstrap_variance, with_seed_variance
+from posenc_workflow.significance import N_BOOTSTRAP, resample_counts, shared_bootstrap_variance, with_seed_variance
 
 pytestmark = pytest.mark.slow  # simulations of about 12 s each
 

@@ -1,5 +1,5 @@
-"""The length-generalisation report (fairseq_posenc/study_report.py, scripts/bleu_by_length.py) on
-hand-made generations whose scores are known."""
+"""The length-generalisation report (recipes/posenc_workflow/length_report.py, significance.py,
+decoding_limit.py; scripts/bleu_by_length.py) on hand-made generations whose scores are known."""
 import json
 import math
 import os
@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 
-from fairseq_posenc.generation import Generation
-from fairseq_posenc.study_report import (SENTENCES_AND_SEEDS, SENTENCES_ONLY, build_report, compare_seeds,
-                                         decoding_limit_note, decoding_limit_ok, first_cut_length, markdown,
-                                         paired_bootstrap, read_decoding_limit, with_seed_variance, write_report)
+from helpers import scripts
+from posenc_workflow.decoding_limit import decoding_limit_note, decoding_limit_ok, first_cut_length, read_decoding_limit
+from posenc_workflow.generation import Generation
+from posenc_workflow.length_report import build_report, markdown, write_report
+from posenc_workflow.significance import (SENTENCES_AND_SEEDS, SENTENCES_ONLY, compare_seeds, paired_bootstrap,
+                                          with_seed_variance)
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
 VOCAB = [f"w{i}" for i in range(200)]
@@ -439,11 +441,7 @@ def test_bleu_by_length_takes_one_generation_per_seed_and_a_baseline(tmp_path):
     (["a={good1},{good2}", "--seeds", "7"], "--seeds names 1 seeds but each model has 2 generation files"),
 ])
 def test_bleu_by_length_bad_input_gets_one_line_and_exit_2(tmp_path, generation, message, capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bleu_by_length", os.path.join(SCRIPTS, "bleu_by_length.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = scripts.script("bleu_by_length")
     refs = _corpus(10)
     paths = {"good1": _generate_output(tmp_path / "g1.txt", refs, refs),
              "good2": _generate_output(tmp_path / "g2.txt", refs, refs),
@@ -493,15 +491,6 @@ def test_one_seed_shows_bleu_without_a_spread_and_rows_do_not_repeat_their_model
     assert "(one seed;" in table
 
 
-def _bleu_by_length_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bleu_by_length", os.path.join(SCRIPTS, "bleu_by_length.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
-
-
 @pytest.mark.slow  # a Python process
 def test_two_concatenated_generate_outputs_are_refused_and_joined_by_plus_every_sentence_counts(tmp_path, capsys):
     """Two test sets decoded apart count their ids from 0 each: their outputs concatenated into one
@@ -516,7 +505,7 @@ def test_two_concatenated_generate_outputs_are_refused_and_joined_by_plus_every_
     (tmp_path / "two.txt").write_text("\n".join(lines) + "\n")
     both = tmp_path / "both.txt"
     both.write_text(open(one).read() + open(two).read())
-    script = _bleu_by_length_script()
+    script = scripts.script("bleu_by_length")
     with pytest.raises(SystemExit) as exit_:
         script.main(["--generation", f"a={both}", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fairseq_posenc.length_bins import make_bins, split_by_length
+from posenc_workflow.length_bins import make_bins, split_by_length
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
 

@@ -48,7 +48,7 @@ def test_clean_keeps_pairs_aligned_across_unicode_separators(tmp_path):
 
 
 def test_generate_output_keeps_a_hypothesis_that_holds_a_unicode_line_separator():
-    from fairseq_posenc.generation import parse_generate_output
+    from posenc_workflow.generation import parse_generate_output
 
     text = "S-1\tsrc b\nT-1\tref b\nH-1\t-0.2\thyp \u2028 b\nS-0\tsrc a\nT-0\tref a\nH-0\t-0.1\thyp a\n"
     generation = parse_generate_output(text)

@@ -72,7 +72,7 @@ def test_a_rules_inputs_are_the_files_its_script_runs():
     assert rel(os.path.join(recipe, "prepare.py")) == {"recipes/posenc_workflow/prepare.py", "recipes/posenc_workflow/text.py"}
     assert rel(os.path.join(recipe, "short_to_long.py")) == {
         "recipes/posenc_workflow/short_to_long.py", "recipes/posenc_workflow/prepare.py", "recipes/posenc_workflow/text.py",
-        "scripts/length_split.py", "fairseq_posenc/length_bins.py"}
+        "scripts/length_split.py", "recipes/posenc_workflow/length_bins.py"}
     assert rel(os.path.join(recipe, "rerank.py")) == {"recipes/posenc_workflow/rerank.py", "recipes/posenc_workflow/text.py"}
     assert rel(os.path.join(recipe, "train_job.py")) == {"recipes/posenc_workflow/train_job.py"}
     # a script importing the plugin's module: that module, not the plugin's registration

@@ -1,5 +1,5 @@
 """Length generalisation: split a corpus by source length into a training part and test bins
-(the report that scores translations per bin is fairseq_posenc/study_report.py).
+(the report that scores translations per bin is length_report.py).
 
 FLOATER's protocol (Liu et al., 2020, Sec. 4.3) is the default: train on pairs whose source is
 shorter than 80 tokens, test on the rest binned as [80,100), [100,120), [120,140), [140,inf).
