@@ -27,7 +27,7 @@ def test_a_smoke_run_trains_and_decodes_every_test_sentence(tmp_path):
     assert numbers, trained
     updates, first, first_update, last, last_update, valid = (float(g) for g in numbers.groups())
     assert updates == last_update == 300 and first_update < 50
-    # the loss falls by a bit at least (measured: 7.29 to 2.98 bits with t5), and validation follows
+    # the loss falls by a bit at least (measured: 7.39 to 2.27 bits, validation 2.16; BLEU 39.6)
     assert last < first - 1 and valid < first - 1
     score = re.fullmatch(rf"\| smoke alibi: fairseq-generate, 100 hypotheses of 100 test sentences: BLEU ([\d.]+) "
                          rf"\({out}/generate.log; \d+ s in all\)", decoded)
