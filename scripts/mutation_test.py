@@ -28,6 +28,7 @@ column of its own, out of the kill rate. Prints the kill rate per file and every
 as a diff, and writes them to --out/report.json.
 """
 import argparse
+import ast
 import json
 import os
 import random
@@ -69,7 +70,6 @@ TARGETS = {
     P + "floater/update.py": ["tests/unit/test_floater.py"],
     P + "kept.py": ["tests/unit/test_kept_tables.py"],
     P + "learned.py": ENCODINGS + BLOCKS,
-    P + "none.py": ENCODINGS,
     P + "rnn.py": ["tests/unit/test_rnn_positions.py"],
     P + "rope.py": FUNCTIONS + ENCODINGS,
     P + "segments.py": FUNCTIONS + DIET + SCHEMES,
@@ -84,6 +84,27 @@ TARGETS = {
     "fairseq_posenc/labels.py": ["tests/fairseq/test_labels.py"],
     "recipes/posenc_workflow/train_config.py": ["tests/workflow/test_train_config.py"],
 }
+
+
+def registered_files(root=ROOT):
+    """The file of each encoding in the registry (every file of one that is a package), read from
+    its ``SCHEMES`` as text: this process need not import the plugin."""
+    tree = ast.parse(open(os.path.join(root, P, "__init__.py"), encoding="utf-8").read())
+    schemes = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                   and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["SCHEMES"])
+    files = []
+    for where in ast.literal_eval(schemes).values():
+        module = P + where.rsplit(".", 1)[0].replace(".", "/")
+        if os.path.isdir(os.path.join(root, module)):
+            files += sorted(f"{module}/{f}" for f in os.listdir(os.path.join(root, module)) if f.endswith(".py"))
+        else:
+            files.append(module + ".py")
+    return files
+
+
+# every registered encoding's file is a target: one not named above gets the tests that walk the registry
+for _path in registered_files():
+    TARGETS.setdefault(_path, ENCODINGS)
 #: tests that check the build, not the code (the copy has no C++ loops on purpose)
 DESELECT = ["tests/unit/test_floater_solver.py::test_the_c_plus_plus_loops_are_built_where_a_compiler_is_found"]
 

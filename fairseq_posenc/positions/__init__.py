@@ -2,35 +2,36 @@
 
 ``--position-encoding NAME`` picks ``POSITION_ENCODINGS[NAME]``; the model, its stacks and its
 attention layers only ever talk to the :class:`PositionEncoding` interface, and each scheme's
-flags come from its own ``config`` dataclass.
+flags come from its own ``config`` dataclass. Everything that lists encodings (the architectures,
+the demo, the tests' walks, scripts/mutation_test.py's targets) reads ``SCHEMES``.
 """
-from ..compat import PosencError
-from .alibi import ALiBi
-from .base import AttentionPositions, PositionEncoding
-from .diet_abs import DietAbs
-from .diet_rel import DietRel
-from .floater import FloaterPositionEncoding
-from .learned import LearnedPositionEncoding
-from .none import NoPositionEncoding
-from .rnn import RNNPositionEncoding
-from .rope import RotaryPositionEncoding
-from .shaw import ShawRelative
-from .sinusoidal import SinusoidalPositionEncoding
-from .t5 import T5Bias
+from importlib import import_module
 
-POSITION_ENCODINGS = {
-    "sinusoidal": SinusoidalPositionEncoding,
-    "learned": LearnedPositionEncoding,
-    "none": NoPositionEncoding,
-    "diet_abs": DietAbs,
-    "diet_rel": DietRel,
-    "shaw": ShawRelative,
-    "t5": T5Bias,
-    "rope": RotaryPositionEncoding,
-    "alibi": ALiBi,
-    "floater": FloaterPositionEncoding,
-    "rnn": RNNPositionEncoding,
+from ..compat import PosencError
+from .base import AttentionPositions, PositionEncoding
+
+#: --position-encoding NAME -> "module.Class" of this package (a line here is the whole registration)
+SCHEMES = {
+    "sinusoidal": "sinusoidal.SinusoidalPositionEncoding",
+    "learned": "learned.LearnedPositionEncoding",
+    "none": "none.NoPositionEncoding",
+    "diet_abs": "diet_abs.DietAbs",
+    "diet_rel": "diet_rel.DietRel",
+    "shaw": "shaw.ShawRelative",
+    "t5": "t5.T5Bias",
+    "rope": "rope.RotaryPositionEncoding",
+    "alibi": "alibi.ALiBi",
+    "floater": "floater.FloaterPositionEncoding",
+    "rnn": "rnn.RNNPositionEncoding",
 }
+
+
+def _scheme(where: str) -> type:
+    module, name = where.rsplit(".", 1)
+    return getattr(import_module(f".{module}", __name__), name)
+
+
+POSITION_ENCODINGS = {name: _scheme(where) for name, where in SCHEMES.items()}
 
 
 def get_position_encoding(name: str) -> type:
@@ -42,4 +43,4 @@ def get_position_encoding(name: str) -> type:
         ) from None
 
 
-__all__ = ["POSITION_ENCODINGS", "AttentionPositions", "PositionEncoding", "get_position_encoding"]
+__all__ = ["POSITION_ENCODINGS", "SCHEMES", "AttentionPositions", "PositionEncoding", "get_position_encoding"]

@@ -105,6 +105,7 @@ class ALiBi(PositionEncoding):
     the encoder the form ``--alibi-encoder`` chooses (see the module doc)."""
 
     config = ALiBiConfig
+    keeps_tables = True
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
@@ -122,6 +123,11 @@ class ALiBi(PositionEncoding):
     def bias_masks_keys(self) -> bool:
         """The split encoder hides one side of every head (-inf); the other forms are finite."""
         return self.bias_form == "split"
+
+    @property
+    def tells_left_from_right(self) -> bool:
+        """The symmetric bias sees |i - j| only; split and crossed give each side its own slope."""
+        return self.bias_form != "symmetric"
 
     def carried_options(self) -> dict:
         """The encoder's form as the weights carry it (the ``encoder_form`` buffer once loaded), not

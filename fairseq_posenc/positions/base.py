@@ -129,6 +129,12 @@ class PositionEncoding(ForgetsKeptOnCopy, nn.Module):
     #: where the position encoder acts when --position-blocks is not given ("input" or "all");
     #: None where the flag has no meaning (the encoding lives inside attention, or is absent)
     default_blocks: Optional[str] = None
+    #: True where the scheme keeps a table (``table``, ``relative_bias``) or a solution between
+    #: no-grad forwards (decoding), which :mod:`.kept` keys by settings, device and dtype
+    keeps_tables: bool = False
+    #: False where what the scheme adds depends on |i - j| only (or on nothing): the encoder then
+    #: encodes a reversed sentence as the reversed encoding (a bag of words, symmetric ALiBi)
+    tells_left_from_right: bool = True
 
     def __init__(self, cfg, side: str, num_layers: int, num_heads: int, head_dim: int):
         super().__init__()

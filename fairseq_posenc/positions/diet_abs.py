@@ -34,6 +34,7 @@ class DietAbs(ScaledBiases, PositionEncoding):
 
     config = DietAbsConfig
     scaled_parameters = ("p_q", "p_k")
+    keeps_tables = True
     extrapolates = False
     #: its bias is a product of parameters, which S * sum(lr) does not bound (bias_bound.py)
     bias_is_product = True

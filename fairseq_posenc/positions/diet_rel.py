@@ -33,6 +33,7 @@ class DietRel(ScaledBiases, PositionEncoding):
 
     config = DietRelConfig
     scaled_parameters = ("weight",)
+    keeps_tables = True
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)

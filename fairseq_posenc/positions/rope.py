@@ -44,6 +44,7 @@ class RotaryPositionEncoding(PositionEncoding):
     position, so that q_i . k_j depends on i - j. Self-attention only."""
 
     config = RopeConfig
+    keeps_tables = True
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)

@@ -61,6 +61,7 @@ class T5Bias(ScaledBiases, PositionEncoding):
 
     config = T5Config
     scaled_parameters = ("bias.weight",)
+    keeps_tables = True
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)

@@ -1,13 +1,14 @@
-"""docs/encodings.md's "Adding an encoding" works as written: its example, put in place by its own
-steps in a copy of the package and of the tests (never the checkout), passes the tests that walk
-the registry there, trains through fairseq-train with the copy as ``--user-dir``, and decodes.
+"""docs/encodings.md's "Adding an encoding" works as written: its example, put in place by its two
+steps in a git copy of the checkout (never the checkout itself), is one new file and one registry
+line (the copy's diff shows nothing else), passes the tests that walk the registry there, is a
+target of scripts/mutation_test.py there, trains through fairseq-train with the copy as
+``--user-dir``, and decodes.
 
 The page is read, not restated: the new file is its code block headed by the file's path, the
-registry lines and the list entries are its inline code in the numbered steps, and a code block
-headed ``# tests/FILE, in FUNCTION, before: LINE`` goes in FILE before LINE, and the walk takes its
-last step's ``pytest -k`` selection. A step the page leaves out is a step these tests do not take,
-so the walk fails where the page is incomplete. The checks of the trained model are the example's:
-its parameter ``r`` and how to switch its term off.
+registry line its inline code in the numbered steps, and the walk takes its last step's ``pytest
+-k`` selection. A step the page leaves out is a step these tests do not take, so the walk fails
+where the page is incomplete. The checks of the trained model are the example's: its parameter
+``r`` and how to switch its term off.
 """
 import math
 import os
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
+from importlib.util import module_from_spec, spec_from_file_location
 
 import pytest
 import torch
@@ -28,9 +30,9 @@ from helpers.toy import TINY
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE = os.path.join(REPO, "docs", "encodings.md")
-# the tests run in the copy: the three lists the page names, and the registry walkers that run
-# in this process (the ones that start fairseq processes cost 10-20 s each: the walk the page's
-# last step asks for runs them)
+# the tests run in the copy: those that took a list of encodings by hand before the lists read the
+# registry, and the registry walkers that run in this process (the ones that start fairseq
+# processes cost 10-20 s each: the walk the page's last step asks for runs them)
 WALKED = ["tests/fairseq/test_kept_keys.py", "tests/unit/test_sequence_direction.py", "tests/unit/test_plot_positions.py",
           "tests/unit/test_position_encodings.py", "tests/unit/test_position_gradients.py", "tests/unit/test_long_inputs.py",
           "tests/unit/test_kept_tables.py"]
@@ -45,26 +47,19 @@ def section(text, title="## Adding an encoding"):
 
 
 def example():
-    """What the page says to do: {"file": (path, code), "registry": (import, entry), "name": str,
-    "lists": [(test file, list name, item)], "insertions": [(test file, anchor line, code)]}."""
+    """What the page says to do: {"file": (path, code), "registry": entry, "name": str, "selection":
+    the walk's -k expression}."""
     text = section(open(PAGE, encoding="utf-8").read())
     blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
     new_files = [b for b in blocks if re.match(r"# fairseq_posenc/positions/\w+\.py\n", b)]
     assert len(new_files) == 1, "the page shows one new file under fairseq_posenc/positions/"
     path, code = new_files[0].split("\n", 1)
-    imports = re.findall(r"`(from \.\w+ import \w+)`", text)
-    entries = re.findall(r'`("(\w+)": \w+,)`', text)
-    assert len(imports) == 1 and len(entries) == 1, "the page shows one import and one registry entry"
-    insertions = []
-    for block in blocks:
-        head = re.match(r"# (tests/[\w/]+\.py), in \w+, before: (.+)\n", block)
-        if head:
-            insertions.append((head.group(1), head.group(2).strip(), block[head.end():]))
+    entries = re.findall(r'`("(\w+)": "[\w.]+",)`', text)
+    assert len(entries) == 1, "the page shows one registry line"
     commands = [shlex.split(line) for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
                 for line in block.splitlines() if "pytest" in line]
     assert len(commands) == 1 and "-k" in commands[0], "the page's last step runs pytest -k EXPRESSION"
-    return {"file": (path[2:], code), "registry": (imports[0], entries[0][0]), "name": entries[0][1],
-            "lists": re.findall(r"`(tests/[\w/]+\.py)`: add `([^`]+)` to `(\w+)`", text), "insertions": insertions,
+    return {"file": (path[2:], code), "registry": entries[0][0], "name": entries[0][1],
             "selection": commands[0][commands[0].index("-k") + 1]}
 
 
@@ -75,30 +70,27 @@ def _edit(path, old, new):
         f.write(text.replace(old, new))
 
 
+def _git(root, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                          capture_output=True, text=True).stdout
+
+
 def build(root, steps):
-    """A copy of the package, the tests and the scripts under ``root`` with ``steps`` taken."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for part in ("fairseq_posenc", "tests", "scripts"):
+    """A git copy of the package, the workflow, the tests and the scripts under ``root``, committed,
+    then ``steps`` taken."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so")
+    for part in ("fairseq_posenc", "recipes", "tests", "scripts"):
         shutil.copytree(os.path.join(REPO, part), os.path.join(root, part), ignore=ignore)
     shutil.copy(os.path.join(REPO, "pytest.ini"), root)
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "the checkout")
     path, code = steps["file"]
     with open(os.path.join(root, path), "w", encoding="utf-8") as f:
         f.write(code)
-    registry = os.path.join(root, "fairseq_posenc", "positions", "__init__.py")
-    text = open(registry, encoding="utf-8").read()
-    last_import = re.findall(r"^from \.\w+ import .+$", text, re.M)[-1]
-    _edit(registry, last_import + "\n", last_import + "\n" + steps["registry"][0] + "\n")
-    _edit(registry, "\n}\n", "\n    " + steps["registry"][1] + "\n}\n")  # POSITION_ENCODINGS's end
-    for test_file, item, name in steps["lists"]:
-        text = open(os.path.join(root, test_file), encoding="utf-8").read()
-        line = re.search(rf"^{name} = ([\[{{]).*([\]}}])$", text, re.M)
-        assert line, f"{test_file}: {name} is not a one-line list or set (take this step by hand here)"
-        _edit(os.path.join(root, test_file), line.group(0), line.group(0)[:-1] + f", {item}" + line.group(2))
-    for test_file, anchor, code in steps["insertions"]:
-        text = open(os.path.join(root, test_file), encoding="utf-8").read()
-        indent = re.search(rf"^([ \t]*){re.escape(anchor)}$", text, re.M)
-        assert indent, f"{test_file}: no line {anchor!r} (the page is stale)"
-        _edit(os.path.join(root, test_file), indent.group(0), code.rstrip("\n") + "\n" + indent.group(0))
+    _edit(os.path.join(root, "fairseq_posenc", "positions", "__init__.py"), "\n}\n",
+          "\n    " + steps["registry"] + "\n}\n")  # SCHEMES's end
+    _git(root, "add", "-A")
     return root
 
 
@@ -120,7 +112,7 @@ def walk(root, selection, files=WALKED):
         [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-o", "addopts=",
          "-k", selection, "--junitxml", report],
         cwd=root, capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"})
+        env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root}/recipes", "OMP_NUM_THREADS": "1"})
     assert os.path.exists(report), proc.stdout[-3000:] + proc.stderr[-3000:]
     outcomes = {}
     for case in ElementTree.parse(report).getroot().iter("testcase"):
@@ -134,21 +126,29 @@ def walk(root, selection, files=WALKED):
 
 def test_the_page_s_steps_fit_together(steps):
     """What the other tests take from the page hangs together (a change of its wording that loses a
-    step's file or name fails here, not only in the walk): the import names the new file's module
-    and a class it defines, the registry entry that class, and every list and insertion a test file
-    that holds that list or line."""
+    step's file or name fails here, not only in the walk): the registry line names the new file's
+    module and a class it defines."""
     path, code = steps["file"]
     module = os.path.splitext(os.path.basename(path))[0]
-    imported = re.fullmatch(r"from \.(\w+) import (\w+)", steps["registry"][0])
-    assert imported and imported.group(1) == module
-    assert re.search(rf"^class {imported.group(2)}\(PositionEncoding\):", code, re.M)
-    assert steps["registry"][1] == f'"{steps["name"]}": {imported.group(2)},'
-    assert steps["lists"] and steps["insertions"]
-    for test_file, item, name in steps["lists"]:
-        assert steps["name"] in item
-        assert re.search(rf"^{name} = ", open(os.path.join(REPO, test_file), encoding="utf-8").read(), re.M), name
-    for test_file, anchor, _ in steps["insertions"]:
-        assert anchor in open(os.path.join(REPO, test_file), encoding="utf-8").read(), (test_file, anchor)
+    entry = re.fullmatch(r'"(\w+)": "(\w+)\.(\w+)",', steps["registry"])
+    assert entry and entry.group(1) == steps["name"] and entry.group(2) == module
+    assert re.search(rf"^class {entry.group(3)}\(PositionEncoding\):", code, re.M)
+
+
+def test_the_example_is_one_new_file_and_one_registry_line(copy, steps):
+    path, code = steps["file"]
+    registry = "fairseq_posenc/positions/__init__.py"
+    changed = [line.split("\t") for line in _git(copy, "diff", "--cached", "--numstat").splitlines()]
+    assert sorted(changed) == sorted([[str(code.count("\n")), "0", path], ["1", "0", registry]])
+    assert _git(copy, "diff", "--cached", "-U0", registry).splitlines()[-1] == "+    " + steps["registry"]
+
+
+def test_the_example_is_a_target_of_mutation_testing_with_the_registry_s_walks(copy, steps):
+    spec = spec_from_file_location("copy_mutation_test", os.path.join(copy, "scripts", "mutation_test.py"))
+    mutation = module_from_spec(spec)
+    spec.loader.exec_module(mutation)
+    assert mutation.ROOT == copy
+    assert mutation.TARGETS[steps["file"][0]] == mutation.ENCODINGS == ["tests/unit/test_position_encodings.py"]
 
 
 def test_the_example_passes_the_tests_that_walk_the_registry(copy, steps):

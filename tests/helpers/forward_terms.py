@@ -1,7 +1,8 @@
-"""What FLOATER and the RNN add to attention, found without their code paths: the terms a model's
-attention adds in its own forward (q, k, v after the position scheme minus before it), and the
-positions p_i computed from the equations written out here (float64), for the tests to compare
-with what the schemes and scripts/plot_positions.py report."""
+"""What the position schemes add to attention, found without their code paths: the terms a model's
+attention adds in its own forward (q, k, v after the position scheme minus before it; the logits'
+bias as attention receives it), and FLOATER's and the RNN's positions p_i computed from the
+equations written out here (float64), for the tests to compare with what the schemes and
+scripts/plot_positions.py report."""
 import copy
 
 import torch
@@ -32,6 +33,29 @@ def biases_in_a_forward(model, n):
             return out
 
         scheme.transform_qkv = recorded  # the instance the attention modules call
+    tokens = torch.full((1, n), model.encoder.dictionary.nspecial, dtype=torch.long)
+    encoder_out = model.encoder(tokens, torch.tensor([n]))
+    model.decoder(tokens, encoder_out=encoder_out)
+    return found
+
+
+@torch.no_grad()
+def attention_biases_in_a_forward(model, n):
+    """(side, layer) -> the (H, n, n) bias the model's self-attention adds to its logits in a
+    forward over n tokens, recorded at the attention modules' own calls (on a deep copy)."""
+    model = copy.deepcopy(model).eval()
+    found = {}
+    for side, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+        scheme = stack.position_encoding
+        hook = scheme.attention_bias
+
+        def recorded(layer, q, pos, side=side, hook=hook, heads=scheme.num_heads):
+            bias = hook(layer, q, pos)
+            if bias is not None:
+                found[side, layer] = bias[0].expand(heads, n, n).clone()
+            return bias
+
+        scheme.attention_bias = recorded
     tokens = torch.full((1, n), model.encoder.dictionary.nspecial, dtype=torch.long)
     encoder_out = model.encoder(tokens, torch.tensor([n]))
     model.decoder(tokens, encoder_out=encoder_out)

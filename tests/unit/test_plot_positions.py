@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from fairseq_posenc.positions import POSITION_ENCODINGS
+from fairseq_posenc.positions import POSITION_ENCODINGS, PositionEncoding
 from fairseq_posenc.positions.alibi import alibi_bias, alibi_slopes
 from fairseq_posenc.positions.diet_abs import DietAbs
 from fairseq_posenc.positions.diet_rel import DietRel
 from fairseq_posenc.positions.rope import RotaryPositionEncoding, rope_angles
 from fairseq_posenc.positions.t5 import T5Bias, relative_position_bucket
-from helpers.forward_terms import biases_in_a_forward, floater_state, solved_positions
+from helpers.forward_terms import attention_biases_in_a_forward, biases_in_a_forward, floater_state, solved_positions
 from helpers.scripts import script
 from helpers.tolerances import assert_within, float32_tolerance, magnitude
 from helpers.toy import build_model, toy_batch, with_strong_positions
@@ -23,7 +23,7 @@ N = 20
 
 def _expected(model, n):
     """(side, what, layer) -> the table as the model holds it, over n positions / offsets."""
-    tables = {}
+    tables, recorded = {}, None
     for side, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
         scheme = stack.position_encoding
         embed = stack.embed_positions
@@ -68,7 +68,24 @@ def _expected(model, n):
             elif isinstance(scheme, RotaryPositionEncoding):
                 angles = rope_angles(torch.arange(n), scheme.head_dim, scheme.theta)[:, : scheme.head_dim // 2]
                 tables[side, "rotation of q and k (cos | sin)", layer] = torch.cat([angles.cos(), angles.sin()], 1)
+            elif type(scheme).attention_bias is not PositionEncoding.attention_bias:
+                # an encoding without a formula here: the bias its own forward adds (so a new one
+                # needs no edit; one with another kind of table, a rotation say, needs a branch above)
+                recorded = recorded or attention_biases_in_a_forward(model, n)
+                for what, table in _by_offset(recorded[side, layer], scheme.causal):
+                    tables[side, what, layer] = table
     return tables
+
+
+def _by_offset(square, causal):
+    """[("attention bias by offset", (H, offsets))] where the (H, n, n) bias depends on the offset
+    key - query only (-(n - 1) .. n - 1, or .. 0 where causal), else [("attention bias", square)]."""
+    n = square.size(-1)
+    offsets = torch.arange(-(n - 1), n)
+    rows = torch.stack([square[:, max(0, -o), max(0, -o) + o] for o in offsets.tolist()], 1)
+    if torch.equal(square, rows[:, torch.arange(n)[None, :] - torch.arange(n)[:, None] + n - 1]):
+        return [("attention bias by offset", rows[:, :n] if causal else rows)]
+    return [("attention bias", square)]
 
 
 def _check_against_the_model(model, arrays, n=N):
@@ -86,7 +103,8 @@ def _check_against_the_model(model, arrays, n=N):
                 checked.add(key)
                 continue
             table = table.detach().float()
-            if key[1] == "attention bias":  # P_Q P_K^T: a sum of rank products, in another order than the model's
+            # DIET-ABS's P_Q P_K^T: a sum of rank products, in another order than the model's
+            if key[1] == "attention bias" and isinstance(model.encoder.position_encoding, DietAbs):
                 tolerance = float32_tolerance(model.encoder.position_encoding.rank, magnitude(table) ** 2)
                 assert_within(torch.from_numpy(entry.array), table, tolerance, name)
             else:  # gathered from the model's tables, or computed elementwise as the model does: exactly

@@ -22,6 +22,7 @@ class FloaterPositionEncoding(PositionEncoding):
     input_embedding = "sinusoidal"
     config = FloaterConfig
     default_blocks = "all"
+    keeps_tables = True
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
