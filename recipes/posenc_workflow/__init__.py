@@ -1,8 +1,14 @@
 """The workflow's Python (what recipes/Snakefile's rules run; what a person runs is in ``scripts/``):
 
-- workflow.py: a study's configuration as its rows, models and fairseq-train commands, checked
-  when the workflow is parsed; train_config.py: the resolved configuration and the hash that names
-  a model's checkpoint directory; train_job.py: one training job (budget, record);
+- workflow.py: Study, what recipes/Snakefile builds its jobs from, made of: configuration.py (the
+  study's configuration read, checked when the workflow is parsed, each model's settings),
+  paths.py (where its files go), commands.py (fairseq-train's and fairseq-generate's commands),
+  estimates.py (the corpus's size and the speed the plan starts from); rows.py: the rows and their
+  models; choices.py: what the schema's choices mean; trained_code.py: the code a model trains
+  with; segments.py: what decodes and the length report count in; base.py: ConfigError, ROOT and
+  the other names all share, importing nothing of the package; train_config.py: the resolved
+  configuration and the hash that names a model's checkpoint directory; train_job.py: one
+  training job (budget, record);
 - sources.py: the files of the checkout a script runs (a rule's inputs, a model's code key);
 - plan.py: the plan of each model before training, disk space;
 - corpus.py: a corpus's preparation commands and settings (the rules' params), its test sets;

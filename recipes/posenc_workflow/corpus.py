@@ -2,13 +2,16 @@
 corpus's files (the sources file and the archives of a shipped corpus, or the user's own files of
 ``corpus.name: files``) and the settings of each step (its params), which
 recipes/posenc_workflow/prepare.py's subcommands run with."""
+import difflib
 import functools
 import hashlib
 import json
 import os
 from typing import Dict, List, NamedTuple, Optional
 
-from posenc_workflow.workflow import ROOT, ConfigError
+from posenc_workflow import prepare
+from posenc_workflow.base import ROOT, ConfigError
+from posenc_workflow.wmt_data import archive_path, read_sources
 
 
 #: the fields of ``corpus`` that decide what a prepared corpus holds (its directory's name for
@@ -69,9 +72,7 @@ def count_lines(path: str) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _count_lines(path: str, size: int, mtime: int) -> int:
-    from posenc_workflow.prepare import count_lines as counted
-
-    return counted(path)
+    return prepare.count_lines(path)
 
 
 class Corpus:
@@ -135,9 +136,7 @@ class Corpus:
     def _check_sacrebleu(self, test: TestSet, c: dict):
         """A sacrebleu test set by name: one sacrebleu knows for this pair, and raw text (its
         references are scored as given: a model of text already tokenized would meet raw text)."""
-        import difflib
-
-        from sacrebleu.dataset import DATASETS
+        from sacrebleu.dataset import DATASETS  # sacrebleu's import is slow: only a named test set needs it
 
         name, pair = test.files["sacrebleu"], "-".join(self.langs)
         if name not in DATASETS:
@@ -199,13 +198,9 @@ class Corpus:
             raise ConfigError(str(e)) from None
 
     def _archives(self):
-        from posenc_workflow.wmt_data import read_sources
-
         return read_sources(self.sources, *self.langs)
 
     def archive_paths(self) -> List[str]:
-        from posenc_workflow.wmt_data import archive_path
-
         return [archive_path(self.study.config["corpus"]["archives"], a.file) for a in self._archives()[0]]
 
     def archive_names(self) -> List[str]:

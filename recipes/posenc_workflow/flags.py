@@ -4,7 +4,7 @@ FLOATER's protocol (the workflow's warm_start) trains a sinusoidal model, then t
 encoding (floater, rnn) from it. A study's flags hold both kinds: sizes, which both stages share,
 and the warm-started encoding's own flags (``--rnn-layers``, ``--floater-dt``), which the
 sinusoidal model refuses. The split is read off the encodings' config dataclasses, so a new flag
-of either encoding lands on the right side without a list here (workflow.Study's commands of the
+of either encoding lands on the right side without a list here (commands.py's commands of the
 vanilla stage and the control).
 """
 import dataclasses
@@ -13,7 +13,7 @@ from typing import List, Tuple
 
 def _own_options(encoding: str) -> set:
     """The options of ``encoding``'s config that the sinusoidal encoding's config does not have."""
-    from fairseq_posenc.positions import POSITION_ENCODINGS
+    from fairseq_posenc.positions import POSITION_ENCODINGS  # the plugin's registry: torch, fairseq (seconds)
 
     def options(name):
         config = POSITION_ENCODINGS[name].config

@@ -27,13 +27,21 @@ as an epoch checkpoint instead, and a run ending between two intervals leaves it
 out of the average: both are counted, and too few checkpoints to average is said.
 """
 import argparse
+import glob
 import json
 import logging
 import math
 import os
+import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional
+
+from posenc_workflow import train_config
+from posenc_workflow.corpus import Corpus
+from posenc_workflow.trained_code import code_key
+from posenc_workflow.wmt_data import archive_path, read_sources
 
 
 # Vaswani et al.'s own speed, the GPU-hours' default (train.tokens_per_second auto): ~25k target
@@ -107,8 +115,6 @@ def batch_for(max_tokens: Optional[int], gpus: int, update_freq: Optional[int] =
 # ------------------------------------------------------------------------------------------------
 def training_pair(data_bin: str):
     """(src, tgt) of the binarized training set in ``data_bin`` (train.SRC-TGT.SRC.idx)."""
-    import glob
-
     for path in sorted(glob.glob(os.path.join(data_bin, "train.*-*.*.idx"))):
         pair, lang = os.path.basename(path).split(".")[1:3]
         src, _, tgt = pair.partition("-")
@@ -119,6 +125,7 @@ def training_pair(data_bin: str):
 
 def dataset_sizes(data_bin: str, src: str, tgt: str):
     """The token counts (with </s>) of every training pair, from the binarized .idx files."""
+    # numpy and fairseq (seconds): where a prepared corpus is measured, not in prepare-space's process
     import numpy as np
     from fairseq.data.indexed_dataset import MMapIndexedDataset
 
@@ -148,6 +155,7 @@ def batch_layout(src_sizes, tgt_sizes, max_tokens: int):
     holds its sentence count x its longest pair (source or target), what --max-tokens caps. Whole
     sentences, a multiple of 8 of them, fill a small cap less: on WMT14 En-De's lengths 96% of
     4096 tokens, 78% of 512."""
+    # numpy, fairseq and the plugin (seconds): where a prepared corpus is measured
     import numpy as np
     from fairseq.data import data_utils
 
@@ -246,8 +254,6 @@ def bytes_under(path: str, suffix: str = "") -> int:
 
 def disk_free(path: str) -> int:
     """Free bytes of the filesystem ``path`` is (or will be) on."""
-    import shutil
-
     path = os.path.abspath(path)
     while not os.path.exists(path):
         path = os.path.dirname(path)
@@ -312,8 +318,6 @@ def main(argv: Optional[List[str]] = None):
     try:
         archives = []
         if not args.raw_text:
-            from posenc_workflow.wmt_data import archive_path, read_sources
-
             corpora = read_sources(args.sources, args.src, args.tgt)[1]
             archives = [archive_path(args.archives_dir, name) for name in sorted({c.archive for c in corpora})]
         print("| disk: " + prepare_space(args.work, args.recipe, archives, args.raw_text, args.allow_low_disk))
@@ -449,8 +453,6 @@ def model_plan(data_bin: str, config: Dict, average: int, epoch_checkpoints: boo
 
 
 def glob_train(data_bin: str) -> bool:
-    import glob
-
     return bool(glob.glob(os.path.join(data_bin, "train.*-*.*.idx")))
 
 
@@ -508,12 +510,26 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
     if estimated and (totals["disk"] or totals["gpu_hours"] or totals["cpu_hours"]):
         line += " (estimated before the corpus is prepared)"
     print(line, file=stream)
-    from posenc_workflow.workflow import local_gpus
-
     if study.train["device"] == "gpu" and not local_gpus():
         print("| plan: no GPU on this machine: the trainings and decodes run through a profile or executor "
               "(--profile recipes/profiles/slurm); run here they are refused (train.device: cpu runs them on the CPU)",
               file=stream)
+
+
+def local_gpus(resources: Optional[dict] = None) -> int:
+    """The GPUs of the jobs Snakemake runs here: recipes/run.sh's ``--resources gpus=N`` where
+    ``resources`` (Snakemake's global resources) hold it, else counted as run.sh counts them
+    (CUDA_VISIBLE_DEVICES where set, else ``nvidia-smi -L``)."""
+    if resources and "gpus" in resources:
+        return int(getattr(resources["gpus"], "value", resources["gpus"]))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU") for line in listed.splitlines())
 
 
 def cpu_schedule(hours: List[float], threads: int, cores: Optional[int], jobs: Optional[int]) -> str:
@@ -541,8 +557,6 @@ def stale_data(study) -> str:
     other preparation settings than DATA/prepared.json's, or a split made before its corpus or with
     another split.train_below or split.unit. Edited scripts are left out: Snakemake prepares again
     only where their content changed, which their times do not say."""
-    from posenc_workflow.corpus import Corpus
-
     if study.facts["style"] == "toy":
         return ""
     corpus_bin = os.path.join(study.data, "data-bin")
@@ -577,8 +591,6 @@ def stale_data(study) -> str:
 
 
 def _train_files(data_bin: str) -> List[str]:
-    import glob
-
     return glob.glob(os.path.join(data_bin, "train.*-*.*.idx")) + glob.glob(os.path.join(data_bin, "train.*-*.*.bin"))
 
 
@@ -613,9 +625,7 @@ def training_states(study, resolved: Dict[str, tuple], same: Dict[str, object], 
             continue
         lines = changes_since_trained(study, model, config, config_id)
         # the budget is no part of the configuration's hash: a longer one goes on in its directory
-        from posenc_workflow.train_config import budget
-
-        was, now = record.get("budget") or {}, dict(zip(("max_update", "max_epoch"), budget(config)))
+        was, now = record.get("budget") or {}, dict(zip(("max_update", "max_epoch"), train_config.budget(config)))
         if [was.get(k) for k in now] != list(now.values()):
             lines.append(f"trains again: its budget changed since {path}: "
                          + "; ".join(f"{k}: {was.get(k)} -> {v}" for k, v in now.items() if was.get(k) != v))
@@ -647,9 +657,6 @@ def changes_since_trained(study, model, config: Dict, config_id: str) -> List[st
     """What makes ``model`` train again where its record (trained.json) names another model: each
     changed field of fairseq's resolved configuration with its old and new value
     (train_config.differences of the recorded command's), and the code."""
-    from posenc_workflow.train_config import differences, resolve
-    from posenc_workflow.workflow import code_key, config_cache
-
     path = os.path.join(study.model_dir(model), "trained.json")
     try:
         with open(path, encoding="utf-8") as f:
@@ -663,7 +670,7 @@ def changes_since_trained(study, model, config: Dict, config_id: str) -> List[st
         if command and os.path.basename(command[0]) == "fairseq-train":  # the program, then its arguments
             command = command[1:]
         try:
-            changed = differences(resolve(command, cache=config_cache()), config)
+            changed = train_config.differences(train_config.resolve(command, cache=train_config.config_cache()), config)
         except (KeyError, ValueError) as error:
             changed = [f"its recorded command no longer resolves ({error})"]
         lines.append(f"trains again, its configuration changed since {path}: {'; '.join(changed) or '?'}")

@@ -151,7 +151,7 @@ def _study_rows(args):
 
 
 def cmd_length(args):
-    from posenc_workflow.workflow import decoded_segmentation, length_bins
+    from posenc_workflow.segments import decoded_segmentation, length_bins
 
     # every generation read first: a file that would lose sentences is refused before anything else
     generations = {d: _generation(os.path.join(d, "test.detok.txt")) for d in args.models}

@@ -8,12 +8,16 @@ values are that corpus's defaults: :func:`given`; a refusal names the file, :fun
 tests/workflow/test_settings_walk.py walks every field of the schema for every recipe and corpus.
 """
 import copy
+import difflib
 import functools
 import json
 import os
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from posenc_workflow.workflow import ROOT, VANILLA, ConfigError
+import yaml
+
+from posenc_workflow.base import ROOT, VANILLA, ConfigError
+from posenc_workflow.rows import parse_rows
 
 SCHEMA = os.path.join(ROOT, "recipes", "conf", "schema.yaml")
 _FETCH = ("how the archives are fetched and checked, not what they hold: the download and extract commands "
@@ -80,10 +84,42 @@ ABSENT = object()
 
 @functools.lru_cache(maxsize=None)
 def schema() -> dict:
-    import yaml
-
     with open(SCHEMA, encoding="utf-8") as f:
         return yaml.safe_load(f)
+
+
+_JSON_TYPES = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+               "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+               "boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None,
+               "string": lambda v: isinstance(v, str), "array": lambda v: isinstance(v, list),
+               "object": lambda v: isinstance(v, dict)}
+
+
+def coerce(value, schema: dict):
+    """``value`` with every string the schema wants as another type read as YAML. Snakemake's
+    ``--config KEY=VALUE`` reads a nested VALUE with YAML's BaseLoader, every leaf a string
+    (``'distillation={"relation_heads": 32}'`` gives ``'32'``, ``true`` gives ``'true'``): a string
+    leaf becomes what YAML reads it as where that is one of the schema's other types or enum values
+    there; a field of strings only keeps it, as does one whose string means itself (``auto``)."""
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        return {k: coerce(v, properties.get(k, {})) for k, v in value.items()}
+    if isinstance(value, list):
+        return [coerce(v, schema.get("items", {})) for v in value]
+    if not isinstance(value, str):
+        return value
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    others = [t for t in types if t != "string"]
+    if not (others or "enum" in schema) or value in schema.get("enum", []):
+        return value
+    try:
+        read = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    if not isinstance(read, str) and (any(_JSON_TYPES[t](read) for t in others) or read in schema.get("enum", [])):
+        return read
+    return value
 
 
 def fields(node: Optional[dict] = None, prefix: str = "") -> Iterator[Tuple[str, dict]]:
@@ -168,7 +204,7 @@ def _refusals(study, given: dict) -> Iterator[Tuple[List[str], str]]:
 def check(study, given: Optional[dict]) -> None:
     """Refuse, in one line, what the study cannot run: a model size the recipe has not, and (with
     ``given``, the configuration before the schema's defaults) a setting given that it would not use."""
-    from fairseq_posenc.models.from_flags import MODEL_SIZES
+    from fairseq_posenc.models.from_flags import MODEL_SIZES  # the plugin: torch, fairseq (seconds)
 
     if study.train["recipe"] == "toy" and study.arch not in MODEL_SIZES:
         raise ConfigError(f"models.arch {study.arch}: train.recipe toy trains transformer_posenc at the sizes "
@@ -184,9 +220,7 @@ def check(study, given: Optional[dict]) -> None:
 def schema_errors(config: dict) -> List[str]:
     """One line per error of ``config`` against the schema: the field's path and what it allows (a
     key not in the schema: the closest key, or the keys of its section), never the schema itself."""
-    import difflib
-
-    from jsonschema import Draft202012Validator
+    from jsonschema import Draft202012Validator  # its import takes a while: where a configuration is checked
 
     lines = []
     for error in sorted(Draft202012Validator(schema()).iter_errors(config), key=lambda e: list(map(str, e.path))):
@@ -231,8 +265,6 @@ def corpus_file(configfiles: Sequence[str], recipes: str) -> Optional[str]:
 def origins(configfiles: Sequence[str], overrides: Mapping, repo: str) -> Dict[str, str]:
     """path -> what gave it last (Snakemake merges the config files in order, then --config), for
     every key of every section."""
-    import yaml
-
     out: Dict[str, str] = {}
 
     def walk(node, prefix, where):
@@ -278,8 +310,6 @@ def corpus_rows_yield(config: dict, given_: dict) -> None:
     """A row the corpus's own file names (files.yaml's baseline sinusoidal) and the user's
     models.encodings lack is that corpus's default, not the user's choice: the schema's default
     takes its place (the report's baseline: sinusoidal if a row, else the first)."""
-    from posenc_workflow.workflow import parse_rows
-
     names = {VANILLA} | {name for row in parse_rows(config["models"]["encodings"]) for name in (row.spec, row.slug)}
     for path in ROW_SETTINGS:
         value = value_at(config, path)

@@ -5,7 +5,7 @@ import runs too when its function does) and the scripts of the checkout it names
 
 recipes/Snakefile makes them the inputs of the rule that runs the file, so that an edit of any of
 them runs the rule again (and, through its outputs, what follows), and an edit of another does
-not; workflow.code_key hashes those that ``fairseq_posenc/__init__.py`` runs (what fairseq's
+not; trained_code.code_key hashes those that ``fairseq_posenc/__init__.py`` runs (what fairseq's
 ``--user-dir`` loads to train a model). Derived from the source, not from a process's
 ``sys.modules``, so that it is the same whatever the process imported before.
 

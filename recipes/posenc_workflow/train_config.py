@@ -144,6 +144,12 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=repr))
 
 
+def config_cache() -> str:
+    """Where the workflow caches resolved configurations (:func:`resolve`'s ``cache``), under
+    Snakemake's own directory of the working directory."""
+    return os.path.join(".snakemake", "fairseq_posenc", "configs")
+
+
 def resolve(argv: List[str], cache: Optional[str] = None) -> Dict[str, Any]:
     """``section.field -> value`` of ``convert_namespace_to_omegaconf`` for ``argv``, every
     section and the model's namespace (fairseq's legacy architectures keep every argument there).

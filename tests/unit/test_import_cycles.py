@@ -1,23 +1,26 @@
-"""No import circle in the plugin, imports made inside functions counted: a layer that imports a
-layer above it (FLOATER reading the models layer's state) is a circle that the import order only
-hides. The workflow's code (fairseq_posenc/recipe, which --user-dir does not load) is left out."""
+"""No import circle in the plugin nor in the workflow's package, imports made inside functions
+counted: a layer that imports a layer above it (FLOATER reading the models layer's state, the
+workflow's settings reading its Study) is a circle that the import order only hides."""
 import ast
 import os
 
-import fairseq_posenc
+import pytest
 
-PACKAGE = "fairseq_posenc"
-ROOT = os.path.dirname(fairseq_posenc.__file__)
-LEFT_OUT = PACKAGE + ".recipe"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: package name -> its folder in this checkout (read from the source, whatever is installed)
+PACKAGES = {"fairseq_posenc": os.path.join(REPO, "fairseq_posenc"),
+            "posenc_workflow": os.path.join(REPO, "recipes", "posenc_workflow")}
 
 
-def _modules():
-    """{dotted name: path} of every module of the plugin; a C++ extension (setup.py's
+def _modules(package: str):
+    """{dotted name: path} of every module of ``package``; a C++ extension (setup.py's
     ``pkg._name``, from ``pkg/csrc/name.cpp``) by its source, which imports nothing of it."""
+    root = PACKAGES[package]
     modules = {}
-    for folder, _, files in os.walk(ROOT):
+    for folder, subdirs, files in os.walk(root):
+        subdirs[:] = [d for d in subdirs if d != "__pycache__"]
         for name in files:
-            parts = os.path.relpath(os.path.join(folder, name), ROOT).split(os.sep)
+            parts = os.path.relpath(os.path.join(folder, name), root).split(os.sep)
             if name.endswith(".py"):
                 parts[-1] = parts[-1][:-3]
                 if parts[-1] == "__init__":
@@ -26,9 +29,7 @@ def _modules():
                 parts = parts[:-2] + ["_" + name[:-4]]
             else:
                 continue
-            module = ".".join([PACKAGE, *parts])
-            if module != LEFT_OUT and not module.startswith(LEFT_OUT + "."):
-                modules[module] = os.path.join(folder, name)
+            modules[".".join([package, *parts])] = os.path.join(folder, name)
     return modules
 
 
@@ -59,8 +60,8 @@ def _imports(module: str, path: str, modules) -> set:
     return {name for name in found if name in modules and name != module}
 
 
-def import_graph():
-    modules = _modules()
+def import_graph(package: str):
+    modules = _modules(package)
     return {module: _imports(module, path, modules) for module, path in modules.items()}
 
 
@@ -91,12 +92,21 @@ def find_cycle(graph):
 
 
 def test_the_graph_sees_imports_inside_functions():
-    graph = import_graph()
+    graph = import_graph("fairseq_posenc")
     # labels.checkpoint_model imports the models layer inside the function only
     assert "fairseq_posenc.models.config" in graph["fairseq_posenc.labels"]
     assert graph["fairseq_posenc.positions"] >= {"fairseq_posenc.positions.alibi", "fairseq_posenc.positions.floater"}
+    # row_names.training_options imports train_config inside the function only
+    assert "posenc_workflow.train_config" in import_graph("posenc_workflow")["posenc_workflow.row_names"]
 
 
-def test_the_package_has_no_import_cycle():
-    cycle = find_cycle(import_graph())
-    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+def test_a_cycle_is_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_the_package_has_no_import_cycle(package):
+    cycle = find_cycle(import_graph(package))
+    assert cycle is None, f"import cycle in {package}: " + " -> ".join(cycle)
