@@ -8,7 +8,7 @@ the demo, the tests' walks, scripts/mutation_test.py's targets) reads ``SCHEMES`
 from importlib import import_module
 
 from ..compat import PosencError
-from .base import AttentionPositions, PositionEncoding
+from .base import REGISTERED, AttentionPositions, PositionEncoding
 
 #: --position-encoding NAME -> "module.Class" of this package (a line here is the whole registration)
 SCHEMES = {
@@ -32,6 +32,7 @@ def _scheme(where: str) -> type:
 
 
 POSITION_ENCODINGS = {name: _scheme(where) for name, where in SCHEMES.items()}
+REGISTERED.update(POSITION_ENCODINGS)
 
 
 def get_position_encoding(name: str) -> type:

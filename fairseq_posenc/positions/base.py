@@ -32,6 +32,10 @@ from ..compat import PosencError
 from . import values
 from .kept import ForgetsKeptOnCopy, KeptFrom, kept_key
 
+#: --position-encoding NAME -> its scheme, filled by the registry (positions/__init__.py) as it
+#: loads them: what a module below the registry (a flag's bound) looks a scheme up in
+REGISTERED: Dict[str, type] = {}
+
 #: the attribute of a model's configuration that says it is rebuilt from a checkpoint's saved
 #: configuration (set by the models layer through fairseq's ``arg_overrides``), not from a training
 #: run's command line: encodings read it from the configuration they are built with

@@ -94,16 +94,13 @@ def attention_head_dim_high(args) -> Optional[int]:
 
 def position_bias_scale_stds(args) -> Tuple[float, ...]:
     """The standard deviations of the initialisations of the parameters --position-bias-scale scales
-    in the model ``args`` describes: its encoding's and, with --segment-attention, the segment bias's
-    (their ``initial_stds``), per side."""
-    from . import POSITION_ENCODINGS
-    from .bias_scale import uses_bias_scale
-    from .segments import SegmentBias
+    in the model ``args`` describes: its encoding's (its ``initial_stds``), per side. The segment
+    bias of --segment-attention starts at 0 (``SegmentBias.initial_stds`` is empty): no bound."""
+    from .base import REGISTERED
 
-    scheme = POSITION_ENCODINGS.get(getattr(args, "position_encoding", None))
-    users = [scheme] if scheme is not None and uses_bias_scale(scheme) else []
-    users += [SegmentBias] if getattr(args, "segment_attention", False) else []
-    return tuple(std for user in users for head_dim, *_ in _sides(args) for std in user.initial_stds(args, head_dim))
+    scheme = REGISTERED.get(getattr(args, "position_encoding", None))
+    stds = getattr(scheme, "initial_stds", None)  # a scheme of ScaledBiases (bias_scale.py)
+    return tuple(std for head_dim, *_ in _sides(args) for std in (stds(args, head_dim) if stds else ()))
 
 
 def position_bias_scale_range(stds) -> Tuple[float, float]:

@@ -25,8 +25,6 @@ FOREIGN = {"fairseq", "fairseq_cli", "torch", "argparse", "sys", "atexit", "os",
 #: the plugin's names for fairseq's objects it is handed: writes to their attributes count (its
 #: own model configuration, ``args``, which fairseq's architecture functions fill, does not)
 FOREIGN_PARAMETERS = {"trainer", "optimizer", "cfg", "common", "parser"}
-#: the length report's code: it reads sacrebleu's private score functions, and no fairseq or torch object
-LEFT_OUT = {"study_report.py"}
 #: calls that change the whole process
 HOOK_CALLS = {"atexit.register", "signal.signal", "sys.settrace", "sys.setprofile", "threading.settrace",
               "threading.setprofile", "faulthandler.enable", "warnings.filterwarnings", "warnings.simplefilter",
@@ -269,7 +267,7 @@ class Walker:
 
 
 def _sources():
-    for path in sorted(p for p in PACKAGE.rglob("*.py") if p.name not in LEFT_OUT):
+    for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE).with_suffix("").parts
         yield path, ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
 
