@@ -53,10 +53,9 @@ def _imports(module: str, path: str, modules) -> set:
                 source = node.module
             for alias in node.names:
                 found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source)
-    if module == PACKAGE + ".positions":  # the registry imports each scheme's module by its name in SCHEMES
-        from fairseq_posenc.positions import SCHEMES
-
-        found.update(f"{module}.{where.rsplit('.', 1)[0]}" for where in SCHEMES.values())
+    for node in tree.body:  # the plugin's registry imports each scheme's module by its name in SCHEMES
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["SCHEMES"]:
+            found.update(f"{module}.{where.rsplit('.', 1)[0]}" for where in ast.literal_eval(node.value).values())
     return {name for name in found if name in modules and name != module}
 
 
