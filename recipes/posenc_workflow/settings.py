@@ -43,7 +43,7 @@ FEEDS = {k: frozenset(v.split()) for k, v in {
     "corpus.clean.ratio": "segment", "corpus.data": "binarize extract gather score segment tokenize toy_corpus",
     "corpus.download": "", "corpus.download_timeout": "", "corpus.mirror": "",
     "corpus.pair": "binarize extract gather length_split prepare_test score segment tokenize",
-    "corpus.sources": "extract", "corpus.test": "decode prepare_test score study_config",
+    "corpus.sources": "extract", "corpus.test": "decode prepare_test score study_config test_model",
     "corpus.tokenize": "binarize gather length_split prepare_test segment tokenize",
     "corpus.toy.long_max_len": "study_config toy_corpus", "corpus.toy.pair": "study_config toy_corpus",
     "corpus.toy.seed": "study_config toy_corpus", "corpus.toy.test_size": "study_config toy_corpus",
@@ -53,13 +53,13 @@ FEEDS = {k: frozenset(v.split()) for k, v in {
     "distillation.dropout": "train", "distillation.lr": "train", "distillation.max_epoch": "train",
     "distillation.max_update": "train", "distillation.relation_heads": "train",
     "distillation.relation_weight": "train", "distillation.relations": "train",
-    "distillation.student_flags": "train", "distillation.students": "average decode score train",
+    "distillation.student_flags": "train", "distillation.students": "average decode score test_model train",
     "distillation.teacher": "train", "evaluate.average": "average score", "evaluate.beam": "decode score",
     "evaluate.checkpoints": "average train", "evaluate.lenpen": "decode score",
     "evaluate.lenpen_form": "decode score", "evaluate.lowercase": "score", "evaluate.max_tokens": "decode",
     "models.arch": "average score study_config train", "models.baseline": "study_config",
-    "models.encodings": "average decode score study_config train",
-    "models.seeds": "average decode score study_config train", "out": "decode score study_config toy_corpus train",
+    "models.encodings": "average decode score study_config test_model train",
+    "models.seeds": "average decode score study_config test_model train", "out": "decode length_split prepare_test score study_config test_model toy_corpus train",
     "report.bins": "study_config", "report.title": "study_config", "report.unit": "study_config",
     "split.bins": "length_split study_config", "split.train_below": "decode length_split score study_config",
     "split.unit": "decode length_split score study_config", "train.adam_eps": "train",
@@ -73,8 +73,8 @@ FEEDS = {k: frozenset(v.split()) for k, v in {
     "train.tokens_per_second": "", "train.update_freq": "train", "train.warmup_init_lr": "train",
     "train.warmup_updates": "train", "train.weight_decay": "train",
     "warm_start.average": "average score study_config",
-    "warm_start.control": "average decode score study_config train",
-    "warm_start.enabled": "average decode score study_config train", "warm_start.lr_scale": "study_config train",
+    "warm_start.control": "average decode score study_config test_model train",
+    "warm_start.enabled": "average decode score study_config test_model train", "warm_start.lr_scale": "study_config train",
     "warm_start.second.max_epoch": "study_config train", "warm_start.second.max_update": "study_config train",
     "warm_start.start": "study_config train", "warm_start.vanilla.max_epoch": "study_config train",
     "warm_start.vanilla.max_update": "study_config train",
@@ -191,6 +191,15 @@ def _refusals(study, given: dict) -> Iterator[Tuple[List[str], str]]:
             "corpus.name toy is the demo's generated pair (corpus.toy): src-tgt, whole words, its own valid set"
     else:
         yield ["corpus.toy"], f"corpus.toy is the demo's generated pair, not corpus.name {corpus['name']}"
+    # the plugin (torch) only when a study is checked: the workflow's light steps import this module
+    from fairseq_posenc.positions import POSITION_ENCODINGS
+    from fairseq_posenc.positions.bias_scale import uses_bias_scale
+
+    encodings = sorted({row.encoding for row in study.rows})
+    if not any(uses_bias_scale(POSITION_ENCODINGS[e]) for e in encodings):
+        takers = ", ".join(name for name, scheme in POSITION_ENCODINGS.items() if uses_bias_scale(scheme))
+        yield ["train.position_bias_scale"], \
+            f"no row of models.encodings ({', '.join(encodings)}) takes a bias scale ({takers} do)"
     warm = study.warm
     if not warm.get("enabled") and value_at(given, "warm_start.enabled") is ABSENT:
         # an explicit enabled: false keeps them for later (the demo's, for scripts/demo.py --warm-start)

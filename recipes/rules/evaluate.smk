@@ -20,6 +20,24 @@ def _model_file(name):
     return lambda w: os.path.join(OUT, "models", w.name, f"seed{w.seed}", name)
 
 
+def _decoding(test):
+    """fairseq-generate's flags for ``test``, each flag with its value one string, less the
+    checkpoint and the data (inputs) and the plugin's directory (code: the model's key): the decode
+    job's params, compared one by one, so that a changed setting reruns the decode and its dry-run
+    reason names that flag, old and new."""
+    command = wf.generate_command(STUDY, "", test)[2:]  # fairseq-generate DATA ...
+    flags = []
+    for word in command:
+        if word.startswith("--"):
+            flags.append(word)
+        else:
+            flags[-1] += f" {word}"
+    return [flag for flag in flags if flag.split()[0] not in ("--path", "--user-dir")]
+
+
+DECODING = len(_decoding(next(iter(TESTS.values()))))
+
+
 def _average_count(wildcards):
     return STUDY.average(_model(wildcards))
 
@@ -97,9 +115,14 @@ rule decode:
     log:
         TEST_DIR + "/test.log",
     params:
+        *[lambda w, i=i: _decoding(_test(w))[i] for i in range(DECODING)],
+        # GNMT's length penalty is rerank.py's, not a flag of fairseq-generate
+        reranked=f"rerank.py --form gnmt --alpha {STUDY.evaluate['lenpen']}"
+        if STUDY.evaluate["lenpen_form"] == "gnmt" else "rerank.py not run",
+        # derived from the input: left out of Snakemake's params trigger (the params above are it)
         command=lambda w, input: wf.generate_command(STUDY, input.checkpoint, _test(w)),
-        gnmt=STUDY.evaluate["lenpen_form"] == "gnmt",
-        rerank=f"--form gnmt --alpha {STUDY.evaluate['lenpen']} --beam {STUDY.evaluate['beam']}",
+        gnmt=lambda w, input: STUDY.evaluate["lenpen_form"] == "gnmt",
+        rerank=lambda w, input: f"--form gnmt --alpha {STUDY.evaluate['lenpen']} --beam {STUDY.evaluate['beam']}",
     threads: int(STUDY.train["threads"])
     resources:
         gpus=1 if GPU else 0,  # one GPU where Snakemake runs the jobs itself (train.smk)

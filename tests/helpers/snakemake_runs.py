@@ -35,10 +35,11 @@ def snakemake(workdir, study, *args, env=None, timeout=300, stub=True, snakefile
                                "OMP_NUM_THREADS": "1", **(env or {})})
 
 
-def run_sh(root, workdir, corpus, *args, timeout=900, env=None, stub=False):
+def run_sh(root, workdir, corpus, *args, timeout=900, env=None, stub=False, first=None):
     """``bash ROOT/recipes/run.sh CORPUS ARGS...`` in ``workdir``, fairseq's commands from this Python
-    (with the stub fairseq-train first where ``stub``)."""
-    path = f"{STUBS + ':' if stub else ''}{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    (with the stub fairseq-train first where ``stub``, the commands of the directory ``first`` before
+    all: helpers/warm_snakemake.py's snakemake)."""
+    path = f"{first + ':' if first else ''}{STUBS + ':' if stub else ''}{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
     return subprocess.run(["bash", os.path.join(root, "recipes", "run.sh"), corpus, *args], cwd=workdir,
                           capture_output=True, text=True, timeout=timeout, start_new_session=True,
                           env={**os.environ, "PATH": path, "OMP_NUM_THREADS": "1",

@@ -130,14 +130,15 @@ def job_params(study):
         if study.facts["style"] == "files":
             jobs["gather",] = (corpus.own_files(), corpus.gather_settings(), study.data)
             for test in corpus.tests:
-                jobs["prepare_test", test.name] = (corpus.test_files(test.name), corpus.test_settings(test.name))
+                jobs["prepare_test", test.name] = (corpus.test_files(test.name), corpus.test_settings(test.name),
+                                                   study.out)
         else:
             jobs["extract",] = (corpus.extract_command(), corpus.sources, study.data)
         jobs["tokenize",] = (corpus.tokenize_settings(), study.data)
         jobs["segment",] = (corpus.segment_settings(), study.data)
         jobs["binarize",] = (corpus.binarize_settings(), study.data)
     if study.split:
-        jobs["length_split",] = (json.dumps(study.split, sort_keys=True), corpus.settings_json())
+        jobs["length_split",] = (json.dumps(study.split, sort_keys=True), corpus.settings_json(), study.out)
     for model in study.models:
         jobs["train", model.key] = (retention.split(study.command(model))[0], model.start, model.teacher,
                                     study.checkpoints_root())
@@ -146,6 +147,8 @@ def job_params(study):
         averaged = os.path.join(study.model_dir(model), "averaged.pt")
         jobs["average", model.key] = (study.average(model), e["checkpoints"])
         for test in study.test_sets():
+            if test.where != "models":  # a named test set: the model's files beside its decodes
+                jobs["test_model", model.key, test.name] = (study.out,)
             jobs["decode", model.key, test.name] = (generate_command(study, averaged, test), e["lenpen_form"],
                                                     e["lenpen"], e["beam"])
             # the score lines' label (recipes/rules/evaluate.smk, score's `what`)

@@ -13,9 +13,11 @@ import sys
 import pytest
 import yaml
 
+from posenc_workflow import settings
 from posenc_workflow.corpus import files_data_dir
 from helpers.snakemake_runs import REPO, checkout, edit, ok, run_sh
 from helpers.toy_archives import write_plain_pairs
+from helpers.warm_snakemake import WarmSnakemake
 
 def lines(path):
     with open(path, encoding="utf-8") as f:
@@ -60,11 +62,19 @@ def finished(tmp_path_factory):
     return root, work, dry, out, train, news, talks
 
 
-def planned(root, work, study, *args):
+@pytest.fixture(scope="module")
+def warm(finished):
+    """The finished study's checkout's Snakemake, imported once (helpers/warm_snakemake.py): the
+    dry runs of the edits below through run.sh, each without its 3-5 s of imports."""
+    with WarmSnakemake(finished[0]) as commands:
+        yield commands
+
+
+def planned(root, work, study, *args, warm=None):
     """{rule: jobs} of a dry run of ``study`` (written to edited.yaml) through run.sh: {} when
     nothing is to be done."""
     write_study(work / "edited.yaml", study)
-    dry = ok(run_sh(root, work, "files", "edited.yaml", "-n", *args))
+    dry = ok(run_sh(root, work, "files", "edited.yaml", "-n", *args, first=warm))
     if "Job stats:" not in dry:
         assert "Nothing to be done" in dry, dry[-2000:]
         return {}
@@ -171,31 +181,31 @@ def test_a_study_of_plain_files_with_a_split_and_two_named_test_sets_runs_to_its
 DECODE = {"decode", "detok", "score"}
 
 
-def test_adding_a_test_set_prepares_decodes_and_reports_only_it(finished):
+def test_adding_a_test_set_prepares_decodes_and_reports_only_it(finished, warm):
     root, work, *_ = finished
     write_plain_pairs(str(work / "forum"), 4, "de", "en", seed=4, lengths=(3, 6))
     study = json.loads(json.dumps(STUDY))
     study["corpus"]["test"]["forum"] = {"src": "forum.de", "tgt": "forum.en"}
     # its preparation; per row its decode, detok, score and the model's files beside them; its
     # length report; the results of every test set (one file)
-    assert planned(root, work, study) == {"prepare_test": 1, "test_model": 2, "decode": 2, "detok": 2, "score": 2,
+    assert planned(root, work, study, warm=warm) == {"prepare_test": 1, "test_model": 2, "decode": 2, "detok": 2, "score": 2,
                                           "study_config": 1, "length_report": 1, "results": 1, "all": 1}
     # removed: the results only; renamed: as added
     del study["corpus"]["test"]["forum"]
     del study["corpus"]["test"]["talks"]
-    assert planned(root, work, study) == {"results": 1, "all": 1}
+    assert planned(root, work, study, warm=warm) == {"results": 1, "all": 1}
     study["corpus"]["test"]["chats"] = {"src": "talks.de", "tgt": "talks.en"}
-    assert planned(root, work, study)["prepare_test"] == 1 and "train" not in planned(root, work, study)
+    assert planned(root, work, study, warm=warm)["prepare_test"] == 1 and "train" not in planned(root, work, study, warm=warm)
 
 
-def test_another_average_trains_nothing_and_one_past_the_kept_checkpoints_is_refused(finished):
+def test_another_average_trains_nothing_and_one_past_the_kept_checkpoints_is_refused(finished, warm):
     root, work, *_ = finished
     # 3 epochs, the last 2 kept: 1 averages again, and what follows the averages
-    assert planned(root, work, edited(evaluate__average=1)) == {
+    assert planned(root, work, edited(evaluate__average=1), warm=warm) == {
         "average": 2, "label": 2, "test_model": 4, "decode": 6, "detok": 6, "score": 6, "length_report": 3,
         "results": 1, "all": 1}
     write_study(work / "edited.yaml", edited(evaluate__average=3))
-    proc = run_sh(root, work, "files", "edited.yaml", "-n")
+    proc = run_sh(root, work, "files", "edited.yaml", "-n", first=warm)
     refusal = [line for line in (proc.stdout + proc.stderr).splitlines() if "configuration refused" in line]
     assert proc.returncode != 0 and len(refusal) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "evaluate.average 3 (epoch checkpoints): more than the finished trainings kept (sinusoidal/seed1 kept 2, " \
@@ -203,27 +213,140 @@ def test_another_average_trains_nothing_and_one_past_the_kept_checkpoints_is_ref
            in refusal[0]
 
 
-def test_each_edit_plans_the_jobs_it_feeds(finished):
+def test_each_edit_plans_the_jobs_it_feeds(finished, warm):
     root, work, *_ = finished
-    assert planned(root, work, STUDY) == {}
+    assert planned(root, work, STUDY, warm=warm) == {}
     # a seed: its models' jobs; the reports of every test set (their rows gain a seed)
-    seeds = planned(root, work, edited(models={**STUDY["models"], "seeds": [1, 2]}))
+    seeds = planned(root, work, edited(models={**STUDY["models"], "seeds": [1, 2]}), warm=warm)
     assert seeds == {"train": 2, "average": 2, "label": 2, "test_model": 4, "decode": 6, "detok": 6, "score": 6,
                      "study_config": 3, "length_report": 3, "results": 1, "all": 1}
     # the beam: decodes on, never a training
-    beam = planned(root, work, edited(evaluate={**STUDY["evaluate"], "beam": 2}))
+    beam = planned(root, work, edited(evaluate={**STUDY["evaluate"], "beam": 2}), warm=warm)
     assert beam == {"decode": 6, "detok": 6, "score": 6, "length_report": 3, "results": 1, "all": 1}
     # the report's bins: the reports only (the split's report reads split.bins, report.bins the named sets')
-    bins = planned(root, work, edited(report={"bins": [1, 5, 9]}))
+    bins = planned(root, work, edited(report={"bins": [1, 5, 9]}), warm=warm)
     assert bins == {"study_config": 3, "length_report": 3, "all": 1}
     # a job's threads: nothing
-    assert planned(root, work, edited(train={**STUDY["train"], "threads": 2})) == {}
+    assert planned(root, work, edited(train={**STUDY["train"], "threads": 2}), warm=warm) == {}
     # a row: its model's jobs and every report (its rows); a row removed: the reports only
-    row = planned(root, work, edited(models={**STUDY["models"], "encodings": ["sinusoidal", "alibi", "rope"]}))
+    row = planned(root, work, edited(models={**STUDY["models"], "encodings": ["sinusoidal", "alibi", "rope"]}), warm=warm)
     assert row == {"train": 1, "average": 1, "label": 1, "test_model": 2, "decode": 3, "detok": 3, "score": 3,
                    "study_config": 3, "length_report": 3, "results": 1, "all": 1}
-    assert planned(root, work, edited(models={**STUDY["models"], "encodings": ["sinusoidal"]})) == {
+    assert planned(root, work, edited(models={**STUDY["models"], "encodings": ["sinusoidal"]}), warm=warm) == {
         "study_config": 3, "length_report": 3, "results": 1, "all": 1}
+
+
+def downstream(root, work, warm):
+    """{rule: the rules that read its outputs, directly or through others} of the finished study,
+    from Snakemake's rule graph."""
+    dot = ok(run_sh(root, work, "files", "study.yaml", "--rulegraph", first=warm))
+    names = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)"', dot, re.M))
+    after = {name: set() for name in names.values()}
+    for a, b in re.findall(r"^\s*(\d+) -> (\d+)$", dot, re.M):
+        after[names[a]].add(names[b])
+    closed = {}
+    for rule in after:
+        seen, todo = set(), [rule]
+        while todo:
+            for b in after[todo.pop()] - seen:
+                seen.add(b)
+                todo.append(b)
+        closed[rule] = seen
+    return closed
+
+
+def other(path, node, current, work):
+    """A valid value of ``path`` other than ``current`` for this study."""
+    if path == "corpus.train":
+        write_plain_pairs(str(work / "train2"), 150, "de", "en", seed=5)
+        return {"src": "train2.de", "tgt": "train2.en"}
+    if path == "corpus.valid":
+        write_plain_pairs(str(work / "valid"), 5, "de", "en", seed=6)
+        return {"src": "valid.de", "tgt": "valid.en"}
+    special = {"corpus.test": {**STUDY["corpus"]["test"], "more": {"src": "news.de", "tgt": "news.en"}},
+               "corpus.pair": "de-fr", "models.encodings": ["sinusoidal", "alibi", "rope"],
+               "models.baseline": "alibi", "train.encoding_flags": {"alibi": ["--alibi-encoder", "split"]},
+               "train.model_flags": ["--encoder-layers", 3], "train.flags": ["--clip-norm", 0.5],
+               "train.batch_target": 2 * STUDY["train"]["max_tokens"],
+               "distillation.teacher": "alibi", "distillation.students": ["sinusoidal"],
+               "distillation.relations": "qq,kk", "warm_start.start": "sinusoidal", "corpus.clean.ratio": 2}
+    if path in special:
+        return special[path]
+    if "enum" in node:
+        return next(v for v in node["enum"] if v != current)
+    types = node.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    if "boolean" in types:
+        return not current
+    if "integer" in types:
+        return current + 1 if isinstance(current, int) else max(3, node.get("minimum", 0))
+    if "number" in types:
+        return current * 2 + 0.25 if isinstance(current, (int, float)) else 0.25
+    if "array" in types:
+        changed = [v + 1 if isinstance(v, int) else v for v in current or []]
+        return changed if changed != (current or []) else [*changed, 7]
+    if "string" in types:
+        return (current or "") + "x"
+    raise AssertionError(f"{path}: no other value for the schema's {node}")
+
+
+def test_every_field_edited_plans_the_rules_it_feeds_and_what_follows_or_is_refused_in_one_line(finished, warm):
+    """The edit walk through run.sh: each field of the schema (read from it, so that a new one cannot
+    slip past) given another value in the finished study. The dry run refuses the edit in one line,
+    or plans rules that settings.FEEDS declares for the field and the rules after them, nothing
+    else; it plans nothing only for a field on settings.NO_JOB (which may still feed a report).
+    (FEEDS holds what a field feeds in any study: this one has some of those rules.)"""
+    root, work, *_ = finished
+    after = downstream(root, work, warm)
+    data = next(p for p in (work / "data").iterdir())
+    # the corpus's directory named: a preparation setting edited is then refused (another study's
+    # preparation in the same directory), not prepared again in a directory of its own
+    config = json.loads(json.dumps(STUDY))
+    config["corpus"]["data"] = os.path.relpath(data, work)
+    assert planned(root, work, config, warm=warm) == {}
+    with open(os.path.join(REPO, "recipes", "conf", "files.yaml")) as f:
+        defaults = yaml.safe_load(f)
+    wrong, refusals = [], {}
+    for path, node in settings.fields():
+        if path in ("corpus.name", "train.recipe"):  # another corpus or recipe: another study
+            continue
+        current = settings.value_at(config, path)
+        if current is settings.ABSENT:
+            current = settings.value_at(defaults, path)
+        if current is settings.ABSENT:
+            current = node.get("default")
+        given = json.loads(json.dumps(config))
+        *sections, name = path.split(".")
+        where = given
+        for section in sections:
+            where = where.setdefault(section, {})
+        where[name] = other(path, node, current, work)
+        write_study(work / "edited.yaml", given)
+        proc = run_sh(root, work, "files", "edited.yaml", "-n", first=warm)
+        text = proc.stdout + proc.stderr
+        if proc.returncode:
+            refusals[path] = [line for line in text.splitlines() if "refused" in line or "rror" in line]
+            continue
+        if path == "evaluate.beam":  # the reason names the flag, old and new, not the command
+            assert "before: --beam 1 now: --beam 2 " in text, text[-3000:]
+        table = text.split("Job stats:")[1].split("Reasons")[0] if "Job stats:" in text else ""
+        rules = set(re.findall(r"^(\w+)\s+\d+$", table, re.M)) - {"total", "all"}
+        first = {rule for rule in rules if not any(rule in after[other] for other in rules)}
+        if not rules:
+            problem = None if path in settings.NO_JOB else "plans nothing: accepted and ignored (not on settings.NO_JOB)"
+        elif not first <= settings.FEEDS[path]:
+            problem = f"plans {sorted(first - settings.FEEDS[path])}, not declared in settings.FEEDS"
+        elif rules != first | set().union(*(after[rule] for rule in first)) - {"all"}:
+            problem = f"plans {sorted(rules)}, not what follows {sorted(first)}"
+        else:
+            problem = None
+        if problem:
+            wrong.append(f"{path} -> {where[name]!r}: {problem}")
+    assert not wrong, "\n".join(wrong)
+    assert {path: lines for path, lines in refusals.items() if len(lines) != 1} == {}
+    # among the refusals: a setting no row uses
+    assert "configuration refused: train.position_bias_scale 0.25: no row of models.encodings (alibi, " \
+           "sinusoidal) takes a bias scale (" in refusals["train.position_bias_scale"][0]
 
 
 def test_a_files_studys_mistakes_are_refused_by_its_dry_run_in_one_line(tmp_path):
