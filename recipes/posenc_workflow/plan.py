@@ -455,11 +455,15 @@ def glob_train(data_bin: str) -> bool:
 
 
 def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object], stream=None,
-                     cores: Optional[int] = None, jobs: Optional[int] = None):
+                     cores: Optional[int] = None, jobs: Optional[int] = None, launch: Optional[dict] = None):
     """The plan of every distinct model of ``study``, then the totals of those to train, in the dry
     run. ``same``: model key -> the earlier model it is (recipes/rules/train.smk's ``_same_as``: one
     checkpoint directory, trained once), planned with that one. ``cores``: Snakemake's --cores,
-    where the jobs run here; ``jobs``: its --jobs, where a profile or executor runs them."""
+    where the jobs run here; ``jobs``: its --jobs, where a profile or executor runs them;
+    ``launch``: recipes/posenc_workflow/cluster.py's launch_settings (a profile or executor, retries)."""
+    from posenc_workflow import cluster
+
+    launch = launch or {"remote": False, "retries": 0}
     stream = stream or sys.stderr
     totals = {"updates": 0, "disk": 0, "gpu_hours": 0.0, "cpu_hours": 0.0}
     cpu = study.train["device"] == "cpu"
@@ -485,6 +489,10 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
         print(f"| plan {model.key} (configuration {config_id}):", file=stream)
         for line in plan["lines"] + lines:
             print(f"|   {line}", file=stream)
+        if launch["remote"] and to_train and not cpu and plan.get("gpu_hours"):
+            warning = cluster.time_warning(study, model.key, plan["gpu_hours"] / study.world(), launch["retries"])
+            if warning:
+                print(warning, file=stream)
         if not to_train:
             continue
         for name in totals:
@@ -510,7 +518,9 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
     print(line, file=stream)
     from posenc_workflow.workflow import local_gpus
 
-    if study.train["device"] == "gpu" and not local_gpus():
+    if launch["remote"] and cluster.account_note(study):
+        print(cluster.account_note(study), file=stream)
+    if study.train["device"] == "gpu" and not launch["remote"] and not local_gpus():
         print("| plan: no GPU on this machine: the trainings and decodes run through a profile or executor "
               "(--profile recipes/profiles/slurm); run here they are refused (train.device: cpu runs them on the CPU)",
               file=stream)

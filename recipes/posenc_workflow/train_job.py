@@ -36,6 +36,8 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
+from posenc_workflow.cluster import job_port
+
 WHOLE_FILE_LIMIT = 64 << 20  # larger files: their size and first and last 4 MB
 PART = 4 << 20
 TRAINING_DATA = ("dict.*", "train.*", "valid.*")  # what fairseq-train reads of a data-bin
@@ -156,6 +158,9 @@ def run(args, command: List[str]) -> dict:
     else:
         what = f"resuming from update {done[0]}" if done else "from scratch"
         full = [*shlex.split(args.launcher), *command, "--save-dir", save_dir]
+        if args.launcher and "--distributed-port" not in command:
+            # rank 0's port from this job's id: jobs whose first nodes coincide do not collide
+            full += ["--distributed-port", str(job_port(os.environ.get("SLURM_JOB_ID")))]
         log_path = os.path.join(args.link or save_dir, "train.log")
         print(f"| {save_dir}: training {what} to {budget} (fairseq's log: {log_path})", flush=True)
         began = time.time()

@@ -619,9 +619,10 @@ class Study:
         if self.train["device"] == "cpu":
             return ["--cpu"]
         flags = PRECISION_FLAGS[self.train["precision"]] + ["--distributed-world-size", str(self.world())]
-        if int(self.train["nodes"]) > 1:
+        if int(self.train["nodes"]) > 1 and self.train["distributed_port"] is not None:
             # one task a node (srun inside the job): fairseq-train infers SLURM's world from it and
-            # spawns a process per GPU; the port is where rank 0 listens on the first node
+            # spawns a process per GPU; the port is where rank 0 listens on the first node (none
+            # given: train_job.py derives one from the SLURM job id)
             flags += ["--distributed-port", str(self.train["distributed_port"])]
         return flags
 
