@@ -3,6 +3,7 @@
 - workflow.py: a study's configuration as its rows, models and fairseq-train commands, checked
   when the workflow is parsed; train_config.py: the resolved configuration and the hash that names
   a model's checkpoint directory; train_job.py: one training job (budget, record);
+  checkpoint_pick.py: the checkpoint it goes on from; cluster.py: the jobs' SLURM resources;
 - sources.py: the files of the checkout a script runs (a rule's inputs, a model's code key);
 - plan.py: the plan of each model before training, disk space;
 - corpus.py: a corpus's preparation commands and settings (the rules' params), its test sets;

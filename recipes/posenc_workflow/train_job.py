@@ -36,6 +36,7 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
+from posenc_workflow.checkpoint_pick import intact_last
 from posenc_workflow.cluster import job_port
 
 WHOLE_FILE_LIMIT = 64 << 20  # larger files: their size and first and last 4 MB
@@ -146,7 +147,7 @@ def run(args, command: List[str]) -> dict:
     if not budget:
         raise JobError("no budget: give --max-update or --max-epoch (fairseq-train would never stop)")
     seconds = 0.0
-    done = read_progress(last) if os.path.isfile(last) else None
+    done = intact_last(save_dir, read_progress)
     state = reached(done, args.max_update, args.max_epoch) if done else ""
     if state == "past":
         raise JobError(f"{last} is at update {done[0]} (epoch {done[1]}), past this job's budget ({budget}): the "
@@ -179,7 +180,7 @@ def run(args, command: List[str]) -> dict:
             code = process.wait()
         seconds = time.time() - began
         _add_seconds(save_dir, seconds)
-        done = read_progress(last) if os.path.isfile(last) else None
+        done = intact_last(save_dir, read_progress)
         state = reached(done, args.max_update, args.max_epoch) if done else ""
         tail = _tail(os.path.join(save_dir, "train.log"))
         if not state:
