@@ -21,7 +21,9 @@ After fairseq-train, whatever its exit code, the checkpoint decides: at the budg
 written (a rank aborting at teardown after the last save has finished); below it an exit 0 is an
 error naming --stop-time-hours and --patience (fairseq stopped early on its own), and a failure is
 the job's failure. A checkpoint past the budget (a smaller budget than this directory was
-trained to) is refused: its interval checkpoints are not the ones of this budget.
+trained to) is refused: its interval checkpoints are not the ones of this budget. A checkpoint_last.pt
+cut by a kill is replaced by the newest intact checkpoint (checkpoint_pick.py). With --launcher
+(several nodes) and no --distributed-port in the command, rank 0's port comes from SLURM_JOB_ID.
 """
 import argparse
 import glob
