@@ -8,7 +8,8 @@
   with; segments.py: what decodes and the length report count in; base.py: ConfigError, ROOT and
   the other names all share, importing nothing of the package; train_config.py: the resolved
   configuration and the hash that names a model's checkpoint directory; train_job.py: one
-  training job (budget, record);
+  training job (budget, record); checkpoint_pick.py: the checkpoint it goes on from; cluster.py:
+  the jobs' SLURM resources;
 - sources.py: the files of the checkout a script runs (a rule's inputs, a model's code key);
 - plan.py: the plan of each model before training, disk space;
 - corpus.py: a corpus's preparation commands and settings (the rules' params), its test sets;

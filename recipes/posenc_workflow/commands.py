@@ -177,9 +177,10 @@ def device_flags(study) -> List[str]:
     if study.train["device"] == "cpu":
         return ["--cpu"]
     flags = PRECISION_FLAGS[study.train["precision"]] + ["--distributed-world-size", str(study.world())]
-    if int(study.train["nodes"]) > 1:
+    if int(study.train["nodes"]) > 1 and study.train["distributed_port"] is not None:
         # one task a node (srun inside the job): fairseq-train infers SLURM's world from it and
-        # spawns a process per GPU; the port is where rank 0 listens on the first node
+        # spawns a process per GPU; the port is where rank 0 listens on the first node (none
+        # given: train_job.py derives one from the SLURM job id)
         flags += ["--distributed-port", str(study.train["distributed_port"])]
     return flags
 

@@ -38,7 +38,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from posenc_workflow import train_config
+from posenc_workflow import cluster, train_config
 from posenc_workflow.corpus import Corpus
 from posenc_workflow.trained_code import code_key
 from posenc_workflow.wmt_data import archive_path, read_sources
@@ -457,11 +457,14 @@ def glob_train(data_bin: str) -> bool:
 
 
 def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object], stream=None,
-                     cores: Optional[int] = None, jobs: Optional[int] = None):
+                     cores: Optional[int] = None, jobs: Optional[int] = None, launch: Optional[dict] = None):
     """The plan of every distinct model of ``study``, then the totals of those to train, in the dry
     run. ``same``: model key -> the earlier model it is (recipes/rules/train.smk's ``_same_as``: one
     checkpoint directory, trained once), planned with that one. ``cores``: Snakemake's --cores,
-    where the jobs run here; ``jobs``: its --jobs, where a profile or executor runs them."""
+    where the jobs run here; ``jobs``: its --jobs, where a profile or executor runs them;
+    ``launch``: recipes/posenc_workflow/cluster.py's launch_settings (a profile or executor, retries)."""
+
+    launch = launch or {"remote": False, "retries": 0}
     stream = stream or sys.stderr
     totals = {"updates": 0, "disk": 0, "gpu_hours": 0.0, "cpu_hours": 0.0}
     cpu = study.train["device"] == "cpu"
@@ -487,6 +490,10 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
         print(f"| plan {model.key} (configuration {config_id}):", file=stream)
         for line in plan["lines"] + lines:
             print(f"|   {line}", file=stream)
+        if launch["remote"] and to_train and not cpu and plan.get("gpu_hours"):
+            warning = cluster.time_warning(study, model.key, plan["gpu_hours"] / study.world(), launch["retries"])
+            if warning:
+                print(warning, file=stream)
         if not to_train:
             continue
         for name in totals:
@@ -510,7 +517,9 @@ def print_study_plan(study, resolved: Dict[str, tuple], same: Dict[str, object],
     if estimated and (totals["disk"] or totals["gpu_hours"] or totals["cpu_hours"]):
         line += " (estimated before the corpus is prepared)"
     print(line, file=stream)
-    if study.train["device"] == "gpu" and not local_gpus():
+    if launch["remote"] and cluster.account_note(study):
+        print(cluster.account_note(study), file=stream)
+    if study.train["device"] == "gpu" and not launch["remote"] and not local_gpus():
         print("| plan: no GPU on this machine: the trainings and decodes run through a profile or executor "
               "(--profile recipes/profiles/slurm); run here they are refused (train.device: cpu runs them on the CPU)",
               file=stream)

@@ -30,6 +30,9 @@ NO_JOB = {
     "corpus.verify_checksums": _FETCH,
     "corpus.workers": "processes of a preparation job (its threads): the same corpus",
     "train.threads": "CPU threads of a job (OMP_NUM_THREADS): the same computation",
+    **{f"cluster.{k}": "where SLURM runs a job (its rule's resources: recipes/posenc_workflow/cluster.py), not what "
+                       "it computes" for k in ("account", "gpu_partition", "cpu_partition", "train_minutes",
+                                               "cpus_per_gpu")},
     "train.tokens_per_second": "the speed the dry run's plan estimates the time from; no job reads it",
     "models.baseline": _REPORT, "report.title": _REPORT, "report.unit": _REPORT, "report.bins": _REPORT,
 }
@@ -38,7 +41,8 @@ NO_JOB = {
 #: outputs, nothing else. tests/workflow/test_settings_walk.py derives the same from the jobs'
 #: params and fails on any difference, a new field undeclared included
 FEEDS = {k: frozenset(v.split()) for k, v in {
-    "corpus.archives": "extract", "corpus.bpe": "length_split prepare_test score segment",
+    "cluster.account": "", "cluster.cpu_partition": "", "cluster.cpus_per_gpu": "", "cluster.gpu_partition": "",
+    "cluster.train_minutes": "", "corpus.archives": "extract", "corpus.bpe": "length_split prepare_test score segment",
     "corpus.bpe_size": "segment", "corpus.clean.max_len": "segment",
     "corpus.clean.ratio": "segment", "corpus.data": "binarize extract gather score segment tokenize toy_corpus",
     "corpus.download": "", "corpus.download_timeout": "", "corpus.mirror": "",

@@ -21,7 +21,9 @@ After fairseq-train, whatever its exit code, the checkpoint decides: at the budg
 written (a rank aborting at teardown after the last save has finished); below it an exit 0 is an
 error naming --stop-time-hours and --patience (fairseq stopped early on its own), and a failure is
 the job's failure. A checkpoint past the budget (a smaller budget than this directory was
-trained to) is refused: its interval checkpoints are not the ones of this budget.
+trained to) is refused: its interval checkpoints are not the ones of this budget. A checkpoint_last.pt
+cut by a kill is replaced by the newest intact checkpoint (checkpoint_pick.py). With --launcher
+(several nodes) and no --distributed-port in the command, rank 0's port comes from SLURM_JOB_ID.
 """
 import argparse
 import glob
@@ -35,6 +37,9 @@ import subprocess
 import sys
 import time
 from typing import List, Optional, Tuple
+
+from posenc_workflow.checkpoint_pick import intact_last
+from posenc_workflow.cluster import job_port
 
 WHOLE_FILE_LIMIT = 64 << 20  # larger files: their size and first and last 4 MB
 PART = 4 << 20
@@ -144,7 +149,7 @@ def run(args, command: List[str]) -> dict:
     if not budget:
         raise JobError("no budget: give --max-update or --max-epoch (fairseq-train would never stop)")
     seconds = 0.0
-    done = read_progress(last) if os.path.isfile(last) else None
+    done = intact_last(save_dir, read_progress)
     state = reached(done, args.max_update, args.max_epoch) if done else ""
     if state == "past":
         raise JobError(f"{last} is at update {done[0]} (epoch {done[1]}), past this job's budget ({budget}): the "
@@ -156,6 +161,9 @@ def run(args, command: List[str]) -> dict:
     else:
         what = f"resuming from update {done[0]}" if done else "from scratch"
         full = [*shlex.split(args.launcher), *command, "--save-dir", save_dir]
+        if args.launcher and "--distributed-port" not in command:
+            # rank 0's port from this job's id: jobs whose first nodes coincide do not collide
+            full += ["--distributed-port", str(job_port(os.environ.get("SLURM_JOB_ID")))]
         log_path = os.path.join(args.link or save_dir, "train.log")
         print(f"| {save_dir}: training {what} to {budget} (fairseq's log: {log_path})", flush=True)
         began = time.time()
@@ -174,7 +182,7 @@ def run(args, command: List[str]) -> dict:
             code = process.wait()
         seconds = time.time() - began
         _add_seconds(save_dir, seconds)
-        done = read_progress(last) if os.path.isfile(last) else None
+        done = intact_last(save_dir, read_progress)
         state = reached(done, args.max_update, args.max_epoch) if done else ""
         tail = _tail(os.path.join(save_dir, "train.log"))
         if not state:

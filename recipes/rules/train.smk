@@ -2,7 +2,7 @@
 # and control and distilled students included. The job's output is a record written once the
 # checkpoint reached its budget (recipes/posenc_workflow/train_job.py); the checkpoints live in
 # OUT/checkpoints/HASH, which Snakemake never deletes, so a job run again goes on from there.
-from posenc_workflow import plan as plan_module, retention, train_config
+from posenc_workflow import cluster, plan as plan_module, retention, train_config
 
 _RESOLVED = {}
 
@@ -74,7 +74,8 @@ if workflow.is_main_process:
         raise WorkflowError(f"configuration refused: {error}") from None
     # --cores where the jobs run here; --jobs (nodes) where a profile or executor runs them
     plan_module.print_study_plan(STUDY, {m.key: resolved(m) for m in STUDY.models}, _same_as(),
-                                 cores=workflow.resource_settings.cores, jobs=workflow.nodes)
+                                 cores=workflow.resource_settings.cores, jobs=workflow.nodes,
+                                 launch=cluster.launch_settings())
     _short = retention.unservable(STUDY, {m.key: resolved(m) for m in STUDY.models}, wf.code_key)
     if _short:
         raise WorkflowError(f"configuration refused: {retention.refusal(STUDY, _short)}")
@@ -105,7 +106,7 @@ rule train:
         budget=_budget_flags,
         start=lambda w, input: f"--start {input.start}" if "start" in input.keys() else "",
         teacher=lambda w, input: f"--teacher {input.teacher}" if "teacher" in input.keys() else "",
-        launcher=f"--launcher 'srun --nodes={NODES} --ntasks-per-node=1'" if NODES > 1 else "",
+        launcher=f"--launcher '{cluster.launcher(STUDY)}'" if NODES > 1 else "",
         root=STUDY.checkpoints_root(),
     wildcard_constraints:
         seed=r"\d+",
