@@ -136,3 +136,20 @@ def floater_dt_range(args) -> Tuple[float, float]:
     weights decide (--floater-dissipation bounds it)."""
     positions = max(positions for _, positions, *_ in _sides(args))
     return float(FLOAT32.tiny), _largest_finite(2) / max(1, floater_solved_positions(positions) - 1)
+
+
+def floater_step_range(args) -> Tuple[float, float]:
+    """(lowest, highest) --floater-step s of the fixed-step solvers: the solver's grid (solver.py's
+    ``step_grid``, torchdiffeq's) holds span / s + 1 times over the span (P - 1) dt of the positions
+    solved, and the solve keeps a state of the model's width per step: at least 4 (1 + width) bytes a
+    step, which must fit in this machine's memory (1e-300: 0 in float32, a grid of inf steps); the
+    grid's times, up to s past the span, finite in float32 (1e300: inf). Machine memory unknown: s
+    a normal float32 number."""
+    dt = getattr(args, "floater_dt", None) or 0.1
+    positions = max(positions for _, positions, *_ in _sides(args))
+    width = max(width for _, _, _, width, _ in _sides(args))
+    span = (floater_solved_positions(positions) - 1) * dt
+    steps = physical_memory() // (4 * (1 + width))
+    low = max(float(FLOAT32.tiny), span / steps) if steps > 0 else float(FLOAT32.tiny)
+    return low, _largest_finite(2) - span
+

@@ -158,6 +158,8 @@ BOUNDED = [
     (["--position-encoding", "floater"], "--floater-dt", "1e300"),
     (["--position-encoding", "floater"], "--floater-dt", "1e-300"),
     (["--position-encoding", "floater"], "--floater-dt", "-1"),
+    (["--position-encoding", "floater"], "--floater-step", "1e300"),
+    (["--position-encoding", "floater"], "--floater-step", "1e-300"),
 ]
 
 

@@ -9,7 +9,7 @@ import torch
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions import float_bounds
 from fairseq_posenc.positions.float_bounds import (NORMAL_DRAW_MAX, attention_head_dim_high, floater_dt_range,
-                                                   floater_lr_scale_low, floater_solved_positions,
+                                                   floater_lr_scale_low, floater_solved_positions, floater_step_range,
                                                    max_relative_distance_high, position_bias_scale_range,
                                                    position_bias_scale_stds, rope_theta_low)
 from fairseq_posenc.positions.floater.dynamics import Dynamics
@@ -152,3 +152,27 @@ def test_the_floater_dt_bounds_keep_the_times_of_the_solved_positions_finite():
         build_model("transformer_posenc", "--position-encoding", "floater", "--floater-dt", "1e300")
     assert str(refused.value) == (f"--floater-dt must be a finite number >= {tiny:g} and <= "
                                   f"{largest / (2 * 63 - 1):g} (the positions' times i x dt in float32), got 1e+300")
+
+
+def test_the_floater_step_bounds_keep_the_solvers_grid_in_memory_and_finite(monkeypatch):
+    tiny = float(torch.finfo(torch.float32).tiny)
+    largest = float(torch.finfo(torch.float32).max) / (1 + 2 * float(torch.finfo(torch.float32).eps))
+    args = argparse.Namespace(floater_dt=0.1, encoder_embed_dim=8, decoder_embed_dim=8, max_source_positions=10,
+                              max_target_positions=10)
+    # 10 positions: the solution grows to 64, a span of 63 x 0.1; 2^20 bytes hold 2^20 / (4 x 9) steps
+    monkeypatch.setattr(float_bounds, "physical_memory", lambda: 2 ** 20)
+    low, high = floater_step_range(args)
+    assert low == 63 * 0.1 / (2 ** 20 // 36) and high == largest - 63 * 0.1
+    # solver.py's grid at the low bound has as many steps as the memory holds
+    from fairseq_posenc.positions.floater.solver import step_grid
+
+    times = torch.arange(64, dtype=torch.float32) * 0.1
+    assert step_grid(times, low).numel() <= 2 ** 20 // 36 + 2
+    assert torch.isfinite(step_grid(times, high)).all()
+    monkeypatch.setattr(float_bounds, "physical_memory", lambda: 0)  # unknown: a normal float32 number
+    assert floater_step_range(args)[0] == tiny
+    with pytest.raises(PosencError) as refused:
+        build_model("transformer_posenc", "--position-encoding", "floater", "--floater-step", "1e300")
+    assert str(refused.value).startswith("--floater-step must be a finite number >= ") and \
+        "(the solver's grid of steps in float32 and in memory), got 1e+300" in str(refused.value)
+

@@ -5,7 +5,7 @@ from typing import Optional
 
 from ...compat import PosencError
 from ..base import PositionBlocksConfig
-from ..float_bounds import floater_dt_range, floater_lr_scale_low
+from ..float_bounds import floater_dt_range, floater_lr_scale_low, floater_step_range
 from ..values import Values
 
 FIXED_STEP_SOLVERS = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
@@ -88,11 +88,12 @@ class FloaterConfig(PositionBlocksConfig):
                                  "help": "floater: torchdiffeq method, fixed-step " + ", ".join(FIXED_STEP_SOLVERS)
                                  + " or adaptive " + ", ".join(ADAPTIVE_SOLVERS)}
     )
-    floater_step: Optional[float] = field(
-        default=None, metadata={"label": "step {}", "values": Values(low=0, above=True),
-                                "help": "floater: step of the fixed-step solvers (default dt / 5; "
-                                "refused with an adaptive solver, which chooses its own)"}
-    )
+    floater_step: Optional[float] = field(default=None, metadata={
+        "label": "step {}",
+        "values": Values(low=lambda args: floater_step_range(args)[0], high=lambda args: floater_step_range(args)[1],
+                         why="the solver's grid of steps in float32 and in memory"),
+        "help": "floater: step of the fixed-step solvers (default dt / 5; refused with an adaptive solver, which "
+                "chooses its own)"})
     floater_dt: float = field(default=0.1, metadata={
         "label": "dt {}", "help": "floater: time between two positions",
         "values": Values(low=lambda args: floater_dt_range(args)[0], high=lambda args: floater_dt_range(args)[1],
