@@ -11,6 +11,7 @@ while the process lives (a call refuses to run if a file it imported changed).
 import glob
 import importlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -82,7 +83,7 @@ def _prewarm(root):
     return {p: os.stat(p).st_mtime_ns for p in read}
 
 
-def _child(conn, read):
+def _child(conn, read, root_logging):
     message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
     request = json.loads(message)
     for fd, target in zip(fds, (0, 1, 2)):
@@ -91,6 +92,10 @@ def _child(conn, read):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # the root logger as a fresh process has it: an import's logging.basicConfig (fairseq's) would
+    # print Snakemake's messages a second time
+    logging.root.handlers[:], level = root_logging
+    logging.root.setLevel(level)
     changed = [p for p, t in read.items() if not os.path.exists(p) or os.stat(p).st_mtime_ns != t]
     if changed:
         print(f"warm snakemake: {changed[0]} changed since its process imported it", file=sys.stderr)
@@ -115,6 +120,7 @@ def _child(conn, read):
 
 
 def serve(socket_path, root):
+    root_logging = (list(logging.root.handlers), logging.root.level)
     read = _prewarm(root)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     server.bind(socket_path)
@@ -126,7 +132,7 @@ def serve(socket_path, root):
             server.close()
             status = 1
             try:
-                status = _child(conn, read)
+                status = _child(conn, read, root_logging)
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()

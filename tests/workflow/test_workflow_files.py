@@ -328,7 +328,7 @@ def test_every_field_edited_plans_the_rules_it_feeds_and_what_follows_or_is_refu
             refusals[path] = [line for line in text.splitlines() if "refused" in line or "rror" in line]
             continue
         if path == "evaluate.beam":  # the reason names the flag, old and new, not the command
-            assert "before: --beam 1 now: --beam 2 " in text, text[-3000:]
+            assert "before: '--beam 1' now: '--beam 2' " in text, [l for l in text.splitlines() if 'reason' in l]
         table = text.split("Job stats:")[1].split("Reasons")[0] if "Job stats:" in text else ""
         rules = set(re.findall(r"^(\w+)\s+\d+$", table, re.M)) - {"total", "all"}
         first = {rule for rule in rules if not any(rule in after[other] for other in rules)}
