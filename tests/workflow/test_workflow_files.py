@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from posenc_workflow.corpus import files_data_dir
-from helpers.snakemake_runs import REPO, checkout, edit, ok, run_sh
+from helpers import snakemake_server
+from helpers.snakemake_runs import REPO, checkout, edit, ok, run_sh, run_sh_call
 from helpers.toy_archives import write_plain_pairs
 
 def lines(path):
@@ -230,30 +231,35 @@ def test_a_files_studys_mistakes_are_refused_by_its_dry_run_in_one_line(tmp_path
     """What the first job would have found, in the dry run through run.sh: a sacrebleu test set
     sacrebleu does not know (or not for the pair), raw sacrebleu text beside text given tokenized,
     files of a pair that differ in lines, a pair of one name."""
-    write_plain_pairs(str(tmp_path / "train"), 20, "de", "en", seed=1)
-    write_plain_pairs(str(tmp_path / "news"), 3, "de", "en", seed=2)
-    with open(tmp_path / "short.en", "w", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in lines(tmp_path / "news.en")[:2]))
-
-    def refusal(**corpus):
+    cases = [{"test": {"wmt": {"sacrebleu": "wmt14x"}}}, {"pair": "de-fr", "test": {"wmt": {"sacrebleu": "wmt14"}}},
+             {"tokenize": "none", "test": {"wmt": {"sacrebleu": "wmt14"}}},
+             {"test": {"news": {"src": "news.de", "tgt": "short.en"}}}, {"pair": "en-en"}]
+    calls = []
+    for n, corpus in enumerate(cases):  # each in a directory of its own: their dry runs share a process
+        work = tmp_path / str(n)
+        work.mkdir()
+        write_plain_pairs(str(work / "train"), 20, "de", "en", seed=1)
+        write_plain_pairs(str(work / "news"), 3, "de", "en", seed=2)
+        with open(work / "short.en", "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines(work / "news.en")[:2]))
         study = json.loads(json.dumps(STUDY))
         study["corpus"].update(corpus)
-        write_study(tmp_path / "study.yaml", study)
-        proc = run_sh(REPO, tmp_path, "files", "study.yaml", "-n")
+        write_study(work / "study.yaml", study)
+        calls.append(run_sh_call(REPO, work, "files", "study.yaml", "-n"))
+
+    def refusal(proc):
         found = [line for line in (proc.stdout + proc.stderr).splitlines() if "configuration refused" in line]
         assert proc.returncode != 0 and len(found) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
         return found[0].split("configuration refused: ", 1)[1]
 
-    assert refusal(test={"wmt": {"sacrebleu": "wmt14x"}}) == \
-        "corpus.test.wmt: sacrebleu has no test set wmt14x; did you mean wmt14 or wmt24 or wmt21?"
-    assert refusal(pair="de-fr", test={"wmt": {"sacrebleu": "wmt14"}}) == \
+    wmt14x, de_fr, raw, short, en_en = (refusal(proc) for proc in snakemake_server.runs(calls))
+    assert wmt14x == "corpus.test.wmt: sacrebleu has no test set wmt14x; did you mean wmt14 or wmt24 or wmt21?"
+    assert de_fr == \
         "corpus.test.wmt: sacrebleu's wmt14 has no de-fr (it has cs-en, de-en, en-cs, en-de, en-fr, en-hi, en-ru, " \
         "fr-en, hi-en, ru-en)"
-    assert refusal(tokenize="none", test={"wmt": {"sacrebleu": "wmt14"}}).startswith(
-        "corpus.test.wmt {sacrebleu: wmt14} with corpus.tokenize none: sacrebleu's text is raw")
-    assert refusal(test={"news": {"src": "news.de", "tgt": "short.en"}}) == \
-        "corpus.test.news: news.de has 3 lines, short.en 2: a pair is a line of each, and there must be one"
-    assert refusal(pair="en-en").startswith("corpus.pair en-en (study.yaml): the source and the target need two names")
+    assert raw.startswith("corpus.test.wmt {sacrebleu: wmt14} with corpus.tokenize none: sacrebleu's text is raw")
+    assert short == "corpus.test.news: news.de has 3 lines, short.en 2: a pair is a line of each, and there must be one"
+    assert en_en.startswith("corpus.pair en-en (study.yaml): the source and the target need two names")
 
 
 def test_sacrebleu_offline_without_its_cache_says_where_the_cache_is(tmp_path):
@@ -437,13 +443,13 @@ def test_a_cpu_studys_plan_counts_what_trains_at_a_cpus_speed_and_no_stale_train
                    "test": {"tst": {"src": "tst.de", "tgt": "tst.en"}}, "bpe_size": 60, "workers": 1},
         "train": {"device": "cpu", "precision": "fp32", "max_update": 40}, "evaluate": {"checkpoints": "epoch", "average": 2}})
 
-    def plan(*args):
-        out = ok(run_sh(root, work, "files", "study.yaml", "-n", *args, stub=True))
-        return [line for line in out.splitlines() if line.startswith("| plan") or line.startswith("|   ")]
+    def plan(proc):
+        return [line for line in ok(proc).splitlines() if line.startswith("| plan") or line.startswith("|   ")]
 
     # before the corpus is prepared: 40 updates of ~3,125 target tokens (4,096 padded) a model, at the
     # measured 70 GFLOP/s of a thread over 6 x the IWSLT model's parameters with 60 embedding rows
-    dry = plan("--cores", "2")
+    dry, one = (plan(proc) for proc in snakemake_server.runs(
+        [run_sh_call(root, work, "files", "study.yaml", "-n", "--cores", cores, stub=True) for cores in ("2", "1")]))
     speed = "on the CPU at 367 target tokens a second (auto: 1 thread(s) at 70 GFLOP/s, as measured on an x86 " \
             "server, over 6 x 31,574,016 parameters; set train.tokens_per_second from fairseq's wps in train.log " \
             "on your CPU) (estimated)"
@@ -451,13 +457,13 @@ def test_a_cpu_studys_plan_counts_what_trains_at_a_cpus_speed_and_no_stale_train
     assert dry[-1] == "| plan total: 2 model(s), 2 to train, 80 updates, about 3.0 GB of checkpoints, 11 min on " \
         "the CPU, 2 at a time (--cores 2, 1 thread(s) each): about 6 min from the first start (estimated before " \
         "the corpus is prepared)"
-    assert plan("--cores", "1")[-1].endswith(", 11 min on the CPU, one model after another (--cores 1, 1 thread(s) "
+    assert one[-1].endswith(", 11 min on the CPU, one model after another (--cores 1, 1 thread(s) "
                                              "each) (estimated before the corpus is prepared)")
 
     # one model trained (the corpus prepared): the other alone to train
     ok(run_sh(root, work, "files", "study.yaml", "-c1", "study/models/sinusoidal/seed1/trained.json", stub=True))
     data = next((work / "data").iterdir())
-    dry = plan("--cores", "2")
+    dry = plan(run_sh(root, work, "files", "study.yaml", "-n", "--cores", "2", stub=True))
     assert "|   trained: study/models/sinusoidal/seed1/trained.json, with its configuration, code and data as they " \
         "are: not in the total" in dry
     assert dry[-1] == "| plan total: 2 model(s), 1 to train (1 trained), 40 updates, about 1.5 GB of checkpoints, 2 min " \
