@@ -26,27 +26,35 @@ STUDY = {"out": "study", "corpus": {"data": "corpus", "toy": {"train_size": 300,
 def snakemake(workdir, study, *args, env=None, timeout=300, stub=True, snakefile=SNAKEFILE):
     """Snakemake on the demo's configuration updated with ``study``, in ``workdir``; with the stub
     fairseq-train unless ``stub`` is False."""
-    with open(os.path.join(workdir, "study.yaml"), "w") as f:
+    command, kwargs = snakemake_call(workdir, study, *args, env=env, stub=stub, snakefile=snakefile)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def snakemake_call(workdir, study, *args, env=None, stub=True, snakefile=SNAKEFILE, name="study.yaml"):
+    """snakemake()'s command and subprocess.run's other arguments, ``study`` written to ``name``."""
+    with open(os.path.join(workdir, name), "w") as f:
         yaml.safe_dump(study, f)
     path = f"{STUBS + ':' if stub else ''}{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
-    return subprocess.run([SNAKEMAKE, "-s", snakefile, "--configfile", DEMO, "study.yaml", "-c1", "--rerun-incomplete",
-                           *args], cwd=workdir, capture_output=True, text=True, timeout=timeout, start_new_session=True,
-                          env={**os.environ, "PATH": path, "STUB_LOG": os.path.join(workdir, "calls.jsonl"),
-                               "OMP_NUM_THREADS": "1", **(env or {})})
+    return [SNAKEMAKE, "-s", snakefile, "--configfile", DEMO, name, "-c1", "--rerun-incomplete", *args], dict(
+        cwd=workdir, start_new_session=True, env={**os.environ, "PATH": path, "STUB_LOG": os.path.join(workdir, "calls.jsonl"),
+                                                  "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def run_sh(root, workdir, corpus, *args, timeout=900, env=None, stub=False, first=None):
     """``bash ROOT/recipes/run.sh CORPUS ARGS...`` in ``workdir``, fairseq's commands from this Python
-    (with the stub fairseq-train first where ``stub``, the commands of the directory ``first`` before
-    all: helpers/warm_snakemake.py's snakemake)."""
-    path = f"{first + ':' if first else ''}{STUBS + ':' if stub else ''}{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
-    return subprocess.run(["bash", os.path.join(root, "recipes", "run.sh"), corpus, *args], cwd=workdir,
-                          capture_output=True, text=True, timeout=timeout, start_new_session=True,
-                          env={**os.environ, "PATH": path, "OMP_NUM_THREADS": "1",
-                               "STUB_LOG": os.path.join(workdir, "calls.jsonl"),
-                               # the checkout's packages, as its own install imports them
-                               "PYTHONPATH": os.pathsep.join([str(root), os.path.join(root, "recipes")]),
-                               **(env or {})})
+    (with the stub fairseq-train first where ``stub``)."""
+    command, kwargs = run_sh_call(root, workdir, corpus, *args, env=env, stub=stub)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def run_sh_call(root, workdir, corpus, *args, env=None, stub=False):
+    """run_sh()'s command and subprocess.run's other arguments."""
+    path = f"{STUBS + ':' if stub else ''}{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    return ["bash", os.path.join(root, "recipes", "run.sh"), corpus, *args], dict(
+        cwd=workdir, start_new_session=True,
+        env={**os.environ, "PATH": path, "OMP_NUM_THREADS": "1", "STUB_LOG": os.path.join(workdir, "calls.jsonl"),
+             # the checkout's packages, as its own install imports them
+             "PYTHONPATH": os.pathsep.join([str(root), os.path.join(root, "recipes")]), **(env or {})})
 
 
 def ok(proc):

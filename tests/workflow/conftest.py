@@ -4,7 +4,8 @@ import shutil
 
 import pytest
 
-from helpers.snakemake_runs import STUDY, ok, snakemake
+from helpers.snakemake_runs import STUDY, ok
+from helpers.snakemake_server import snakemake
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,10 @@ import pytest
 import torch
 import yaml
 
-from helpers.snakemake_runs import DEMO, REPO, STUBS, STUDY, calls, ok, record, shipped, snakemake, study, target, updates
+from helpers import snakemake_server
+from helpers.snakemake_runs import DEMO, REPO, STUBS, STUDY, calls, ok, record, shipped, snakemake_call, study, target, updates
+# Snakemake in a process kept warm (its imports paid once)
+from helpers.snakemake_server import snakemake
 
 
 def test_a_changed_setting_retrains_and_the_dry_run_names_the_flag_with_its_old_and_new_value(work):
@@ -28,13 +31,16 @@ def test_a_changed_setting_retrains_and_the_dry_run_names_the_flag_with_its_old_
     assert rec["keyed"]["code"] and rec["software"]["torch"] == torch.__version__
     assert os.path.realpath(os.path.join(work, "study/models/sinusoidal/seed1/checkpoints")) == \
         os.path.realpath(os.path.join(work, rec["checkpoints"]))
-    dry = ok(snakemake(work, STUDY, target("sinusoidal"), "-n"))
+    changed = study(train__lr=0.006)
+    # the two dry runs in one Snakemake process (helpers/snakemake_server.py)
+    dry, changed_dry = (ok(proc) for proc in snakemake_server.runs(
+        [snakemake_call(work, STUDY, target("sinusoidal"), "-n"),
+         snakemake_call(work, changed, target("sinusoidal"), "-n", name="changed.yaml")]))
     assert dry.count("rule train") == 0
     # the plan's total counts what trains: nothing, beside Snakemake's nothing to be done
     assert "|   trained: study/models/sinusoidal/seed1/trained.json, with its configuration, code and data as they " \
         "are: not in the total\n| plan total: 1 model(s), nothing to train (1 trained)\n" in dry
-    changed = study(train__lr=0.006)
-    dry = ok(snakemake(work, changed, target("sinusoidal"), "-n"))
+    dry = changed_dry
     # Snakemake's reason: the configuration's hash, old and new, not the command
     reason = next(line for line in dry.splitlines() if "Params have changed" in line)
     ids = [re.search(r"\| plan sinusoidal/seed1 \(configuration ([0-9a-f]{12})\):", text).group(1) for text in (first, dry)]
@@ -143,12 +149,15 @@ def test_floaters_variants_share_one_vanilla_job_and_another_start_restarts_them
                                "second": {"max_update": 3, "max_epoch": None}})
     # with the demo's flags the vanilla stage is the sinusoidal row's configuration with another
     # budget: another model, in a directory of its own (with the same budget: one, trained once)
-    dry = ok(snakemake(work, config, "-n"))
-    ids = dict(re.findall(r"^\| plan (\w+)/seed1 \(configuration ([0-9a-f]{12})\)", dry, re.M))
-    assert ids["vanilla"] != ids["sinusoidal"] and "the same model as" not in dry
+    rows = json.loads(json.dumps(config))
     config["models"]["encodings"].remove("sinusoidal")
     targets = [target(name) for name in ("floater", "floater-position-blocks-input", "vanilla_continued")]
-    dry = ok(snakemake(work, config, *targets, "-n"))
+    # the two dry runs in one Snakemake process (helpers/snakemake_server.py)
+    dry, second = (ok(proc) for proc in snakemake_server.runs(
+        [snakemake_call(work, rows, "-n", name="rows.yaml"), snakemake_call(work, config, *targets, "-n")]))
+    ids = dict(re.findall(r"^\| plan (\w+)/seed1 \(configuration ([0-9a-f]{12})\)", dry, re.M))
+    assert ids["vanilla"] != ids["sinusoidal"] and "the same model as" not in dry
+    dry = second
     stats = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.split("Job stats:")[1].split("Reasons")[0], re.M))
     assert stats["train"] == "4"  # one vanilla stage, two FLOATER rows, the control
     assert "| plan floater-position-blocks-input/seed1" in dry and "| plan vanilla/seed1" in dry
@@ -222,7 +231,9 @@ def test_a_training_of_several_nodes_without_srun_fails_in_one_line_before_fairs
 
 
 def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
-    proc = snakemake(work, study(models__encodings=["sinusoidal", "t6"]), "-n")
+    # the two dry runs in one Snakemake process (helpers/snakemake_server.py)
+    proc, flag = snakemake_server.runs([snakemake_call(work, study(models__encodings=["sinusoidal", "t6"]), "-n"),
+                                      snakemake_call(work, study(train__flags=["--no-such-flag"]), "-n", name="flag.yaml")])
     assert proc.returncode != 0
     assert "configuration refused: models.encodings t6: 't6' is not a position encoding; choose one of " \
            "sinusoidal, learned" in proc.stdout + proc.stderr
@@ -256,8 +267,7 @@ def test_a_misspelled_encoding_is_refused_by_the_dry_run_before_any_job(work):
     with pytest.raises(WorkflowError, match="'fast' does not match '\\^auto\\$'"):
         refused({"train": {"tokens_per_second": "fast"}})
     # an argument fairseq-train refuses: its parser's own message, in the dry run
-    proc = snakemake(work, study(train__flags=["--no-such-flag"]), "-n")
-    assert proc.returncode != 0 and "fairseq-train would refuse its arguments" in proc.stdout + proc.stderr
+    assert flag.returncode != 0 and "fairseq-train would refuse its arguments" in flag.stdout + flag.stderr
 
 
 def test_rows_that_differ_in_an_input_position_flag_the_encoding_decides_are_refused_by_the_dry_run(tmp_path):
@@ -367,7 +377,7 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     conf = os.path.join(REPO, "recipes", "conf")
     shipped = {f[:-5] for f in os.listdir(conf) if f.endswith(".yaml") and f != "schema.yaml"}
     assert shipped == {name for names in SHIPPED.values() for name in names}
-    procs = {}
+    calls = {}
     for name, files in SHIPPED.items():
         os.makedirs(tmp_path / name)
         studies = [os.path.join(conf, f + ".yaml") for f in files[1:]]
@@ -380,13 +390,14 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
                 yaml.safe_dump({"corpus": {"pair": "de-en", "train": {"src": "train.de", "tgt": "train.en"},
                                            "test": {"mine": {"src": "test.de", "tgt": "test.en"}}}}, f)
             studies.append("mine.yaml")
-        procs[name] = subprocess.Popen(
-            ["bash", os.path.join(REPO, "recipes", "run.sh"), files[0], *studies, "-n", "--cores", "1"],
-            cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        calls[name] = (["bash", os.path.join(REPO, "recipes", "run.sh"), files[0], *studies, "-n", "--cores", "1"], dict(
+            cwd=tmp_path / name,
             # a machine of two GPUs (a stand-in nvidia-smi)
             env={**{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
-                 "PATH": f"{STUBS}/gpu:{os.environ['PATH']}:{os.path.dirname(sys.executable)}"})
-    outs = {name: proc.communicate(timeout=600)[0] for name, proc in procs.items()}
+                 "PATH": f"{STUBS}/gpu:{os.environ['PATH']}:{os.path.dirname(sys.executable)}"}))
+    # each run.sh as a user runs it, their Snakemake runs in one process (helpers/snakemake_server.py)
+    procs = dict(zip(calls, snakemake_server.runs(list(calls.values()), timeout=600)))
+    outs = {name: proc.stdout + proc.stderr for name, proc in procs.items()}
     for name, out in outs.items():
         assert procs[name].returncode == 0, f"{name}:\n{out[-3000:]}"
         stats = dict(re.findall(r"^(\w+)\s+(\d+)$", out.split("Job stats:")[1].split("Reasons")[0], re.M))

@@ -15,9 +15,9 @@ import yaml
 
 from posenc_workflow import settings
 from posenc_workflow.corpus import files_data_dir
-from helpers.snakemake_runs import REPO, checkout, edit, ok, run_sh
+from helpers import snakemake_server
+from helpers.snakemake_runs import REPO, checkout, edit, ok, run_sh, run_sh_call
 from helpers.toy_archives import write_plain_pairs
-from helpers.warm_snakemake import WarmSnakemake
 
 def lines(path):
     with open(path, encoding="utf-8") as f:
@@ -62,19 +62,11 @@ def finished(tmp_path_factory):
     return root, work, dry, out, train, news, talks
 
 
-@pytest.fixture(scope="module")
-def warm(finished):
-    """The finished study's checkout's Snakemake, imported once (helpers/warm_snakemake.py): the
-    dry runs of the edits below through run.sh, each without its 3-5 s of imports."""
-    with WarmSnakemake(finished[0]) as commands:
-        yield commands
-
-
-def planned(root, work, study, *args, warm=None):
+def planned(root, work, study, *args):
     """{rule: jobs} of a dry run of ``study`` (written to edited.yaml) through run.sh: {} when
     nothing is to be done."""
     write_study(work / "edited.yaml", study)
-    dry = ok(run_sh(root, work, "files", "edited.yaml", "-n", *args, first=warm))
+    dry = ok(snakemake_server.run_sh(root, work, "files", "edited.yaml", "-n", *args))
     if "Job stats:" not in dry:
         assert "Nothing to be done" in dry, dry[-2000:]
         return {}
@@ -181,31 +173,31 @@ def test_a_study_of_plain_files_with_a_split_and_two_named_test_sets_runs_to_its
 DECODE = {"decode", "detok", "score"}
 
 
-def test_adding_a_test_set_prepares_decodes_and_reports_only_it(finished, warm):
+def test_adding_a_test_set_prepares_decodes_and_reports_only_it(finished):
     root, work, *_ = finished
     write_plain_pairs(str(work / "forum"), 4, "de", "en", seed=4, lengths=(3, 6))
     study = json.loads(json.dumps(STUDY))
     study["corpus"]["test"]["forum"] = {"src": "forum.de", "tgt": "forum.en"}
     # its preparation; per row its decode, detok, score and the model's files beside them; its
     # length report; the results of every test set (one file)
-    assert planned(root, work, study, warm=warm) == {"prepare_test": 1, "test_model": 2, "decode": 2, "detok": 2, "score": 2,
+    assert planned(root, work, study) == {"prepare_test": 1, "test_model": 2, "decode": 2, "detok": 2, "score": 2,
                                           "study_config": 1, "length_report": 1, "results": 1, "all": 1}
     # removed: the results only; renamed: as added
     del study["corpus"]["test"]["forum"]
     del study["corpus"]["test"]["talks"]
-    assert planned(root, work, study, warm=warm) == {"results": 1, "all": 1}
+    assert planned(root, work, study) == {"results": 1, "all": 1}
     study["corpus"]["test"]["chats"] = {"src": "talks.de", "tgt": "talks.en"}
-    assert planned(root, work, study, warm=warm)["prepare_test"] == 1 and "train" not in planned(root, work, study, warm=warm)
+    assert planned(root, work, study)["prepare_test"] == 1 and "train" not in planned(root, work, study)
 
 
-def test_another_average_trains_nothing_and_one_past_the_kept_checkpoints_is_refused(finished, warm):
+def test_another_average_trains_nothing_and_one_past_the_kept_checkpoints_is_refused(finished):
     root, work, *_ = finished
     # 3 epochs, the last 2 kept: 1 averages again, and what follows the averages
-    assert planned(root, work, edited(evaluate__average=1), warm=warm) == {
+    assert planned(root, work, edited(evaluate__average=1)) == {
         "average": 2, "label": 2, "test_model": 4, "decode": 6, "detok": 6, "score": 6, "length_report": 3,
         "results": 1, "all": 1}
     write_study(work / "edited.yaml", edited(evaluate__average=3))
-    proc = run_sh(root, work, "files", "edited.yaml", "-n", first=warm)
+    proc = snakemake_server.run_sh(root, work, "files", "edited.yaml", "-n")
     refusal = [line for line in (proc.stdout + proc.stderr).splitlines() if "configuration refused" in line]
     assert proc.returncode != 0 and len(refusal) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "evaluate.average 3 (epoch checkpoints): more than the finished trainings kept (sinusoidal/seed1 kept 2, " \
@@ -213,33 +205,33 @@ def test_another_average_trains_nothing_and_one_past_the_kept_checkpoints_is_ref
            in refusal[0]
 
 
-def test_each_edit_plans_the_jobs_it_feeds(finished, warm):
+def test_each_edit_plans_the_jobs_it_feeds(finished):
     root, work, *_ = finished
-    assert planned(root, work, STUDY, warm=warm) == {}
+    assert planned(root, work, STUDY) == {}
     # a seed: its models' jobs; the reports of every test set (their rows gain a seed)
-    seeds = planned(root, work, edited(models={**STUDY["models"], "seeds": [1, 2]}), warm=warm)
+    seeds = planned(root, work, edited(models={**STUDY["models"], "seeds": [1, 2]}))
     assert seeds == {"train": 2, "average": 2, "label": 2, "test_model": 4, "decode": 6, "detok": 6, "score": 6,
                      "study_config": 3, "length_report": 3, "results": 1, "all": 1}
     # the beam: decodes on, never a training
-    beam = planned(root, work, edited(evaluate={**STUDY["evaluate"], "beam": 2}), warm=warm)
+    beam = planned(root, work, edited(evaluate={**STUDY["evaluate"], "beam": 2}))
     assert beam == {"decode": 6, "detok": 6, "score": 6, "length_report": 3, "results": 1, "all": 1}
     # the report's bins: the reports only (the split's report reads split.bins, report.bins the named sets')
-    bins = planned(root, work, edited(report={"bins": [1, 5, 9]}), warm=warm)
+    bins = planned(root, work, edited(report={"bins": [1, 5, 9]}))
     assert bins == {"study_config": 3, "length_report": 3, "all": 1}
     # a job's threads: nothing
-    assert planned(root, work, edited(train={**STUDY["train"], "threads": 2}), warm=warm) == {}
+    assert planned(root, work, edited(train={**STUDY["train"], "threads": 2})) == {}
     # a row: its model's jobs and every report (its rows); a row removed: the reports only
-    row = planned(root, work, edited(models={**STUDY["models"], "encodings": ["sinusoidal", "alibi", "rope"]}), warm=warm)
+    row = planned(root, work, edited(models={**STUDY["models"], "encodings": ["sinusoidal", "alibi", "rope"]}))
     assert row == {"train": 1, "average": 1, "label": 1, "test_model": 2, "decode": 3, "detok": 3, "score": 3,
                    "study_config": 3, "length_report": 3, "results": 1, "all": 1}
-    assert planned(root, work, edited(models={**STUDY["models"], "encodings": ["sinusoidal"]}), warm=warm) == {
+    assert planned(root, work, edited(models={**STUDY["models"], "encodings": ["sinusoidal"]})) == {
         "study_config": 3, "length_report": 3, "results": 1, "all": 1}
 
 
-def downstream(root, work, warm):
+def downstream(root, work):
     """{rule: the rules that read its outputs, directly or through others} of the finished study,
     from Snakemake's rule graph."""
-    dot = ok(run_sh(root, work, "files", "study.yaml", "--rulegraph", first=warm))
+    dot = ok(snakemake_server.run_sh(root, work, "files", "study.yaml", "--rulegraph"))
     names = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)"', dot, re.M))
     after = {name: set() for name in names.values()}
     for a, b in re.findall(r"^\s*(\d+) -> (\d+)$", dot, re.M):
@@ -290,20 +282,20 @@ def other(path, node, current, work):
     raise AssertionError(f"{path}: no other value for the schema's {node}")
 
 
-def test_every_field_edited_plans_the_rules_it_feeds_and_what_follows_or_is_refused_in_one_line(finished, warm):
+def test_every_field_edited_plans_the_rules_it_feeds_and_what_follows_or_is_refused_in_one_line(finished):
     """The edit walk through run.sh: each field of the schema (read from it, so that a new one cannot
     slip past) given another value in the finished study. The dry run refuses the edit in one line,
     or plans rules that settings.FEEDS declares for the field and the rules after them, nothing
     else; it plans nothing only for a field on settings.NO_JOB (which may still feed a report).
     (FEEDS holds what a field feeds in any study: this one has some of those rules.)"""
     root, work, *_ = finished
-    after = downstream(root, work, warm)
+    after = downstream(root, work)
     data = next(p for p in (work / "data").iterdir())
     # the corpus's directory named: a preparation setting edited is then refused (another study's
     # preparation in the same directory), not prepared again in a directory of its own
     config = json.loads(json.dumps(STUDY))
     config["corpus"]["data"] = os.path.relpath(data, work)
-    assert planned(root, work, config, warm=warm) == {}
+    assert planned(root, work, config) == {}
     with open(os.path.join(REPO, "recipes", "conf", "files.yaml")) as f:
         defaults = yaml.safe_load(f)
     wrong, refusals = [], {}
@@ -322,7 +314,7 @@ def test_every_field_edited_plans_the_rules_it_feeds_and_what_follows_or_is_refu
             where = where.setdefault(section, {})
         where[name] = other(path, node, current, work)
         write_study(work / "edited.yaml", given)
-        proc = run_sh(root, work, "files", "edited.yaml", "-n", first=warm)
+        proc = snakemake_server.run_sh(root, work, "files", "edited.yaml", "-n")
         text = proc.stdout + proc.stderr
         if proc.returncode:
             refusals[path] = [line for line in text.splitlines() if "refused" in line]
@@ -353,30 +345,35 @@ def test_a_files_studys_mistakes_are_refused_by_its_dry_run_in_one_line(tmp_path
     """What the first job would have found, in the dry run through run.sh: a sacrebleu test set
     sacrebleu does not know (or not for the pair), raw sacrebleu text beside text given tokenized,
     files of a pair that differ in lines, a pair of one name."""
-    write_plain_pairs(str(tmp_path / "train"), 20, "de", "en", seed=1)
-    write_plain_pairs(str(tmp_path / "news"), 3, "de", "en", seed=2)
-    with open(tmp_path / "short.en", "w", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in lines(tmp_path / "news.en")[:2]))
-
-    def refusal(**corpus):
+    cases = [{"test": {"wmt": {"sacrebleu": "wmt14x"}}}, {"pair": "de-fr", "test": {"wmt": {"sacrebleu": "wmt14"}}},
+             {"tokenize": "none", "test": {"wmt": {"sacrebleu": "wmt14"}}},
+             {"test": {"news": {"src": "news.de", "tgt": "short.en"}}}, {"pair": "en-en"}]
+    calls = []
+    for n, corpus in enumerate(cases):  # each in a directory of its own: their dry runs share a process
+        work = tmp_path / str(n)
+        work.mkdir()
+        write_plain_pairs(str(work / "train"), 20, "de", "en", seed=1)
+        write_plain_pairs(str(work / "news"), 3, "de", "en", seed=2)
+        with open(work / "short.en", "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines(work / "news.en")[:2]))
         study = json.loads(json.dumps(STUDY))
         study["corpus"].update(corpus)
-        write_study(tmp_path / "study.yaml", study)
-        proc = run_sh(REPO, tmp_path, "files", "study.yaml", "-n")
+        write_study(work / "study.yaml", study)
+        calls.append(run_sh_call(REPO, work, "files", "study.yaml", "-n"))
+
+    def refusal(proc):
         found = [line for line in (proc.stdout + proc.stderr).splitlines() if "configuration refused" in line]
         assert proc.returncode != 0 and len(found) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
         return found[0].split("configuration refused: ", 1)[1]
 
-    assert refusal(test={"wmt": {"sacrebleu": "wmt14x"}}) == \
-        "corpus.test.wmt: sacrebleu has no test set wmt14x; did you mean wmt14 or wmt24 or wmt21?"
-    assert refusal(pair="de-fr", test={"wmt": {"sacrebleu": "wmt14"}}) == \
+    wmt14x, de_fr, raw, short, en_en = (refusal(proc) for proc in snakemake_server.runs(calls))
+    assert wmt14x == "corpus.test.wmt: sacrebleu has no test set wmt14x; did you mean wmt14 or wmt24 or wmt21?"
+    assert de_fr == \
         "corpus.test.wmt: sacrebleu's wmt14 has no de-fr (it has cs-en, de-en, en-cs, en-de, en-fr, en-hi, en-ru, " \
         "fr-en, hi-en, ru-en)"
-    assert refusal(tokenize="none", test={"wmt": {"sacrebleu": "wmt14"}}).startswith(
-        "corpus.test.wmt {sacrebleu: wmt14} with corpus.tokenize none: sacrebleu's text is raw")
-    assert refusal(test={"news": {"src": "news.de", "tgt": "short.en"}}) == \
-        "corpus.test.news: news.de has 3 lines, short.en 2: a pair is a line of each, and there must be one"
-    assert refusal(pair="en-en").startswith("corpus.pair en-en (study.yaml): the source and the target need two names")
+    assert raw.startswith("corpus.test.wmt {sacrebleu: wmt14} with corpus.tokenize none: sacrebleu's text is raw")
+    assert short == "corpus.test.news: news.de has 3 lines, short.en 2: a pair is a line of each, and there must be one"
+    assert en_en.startswith("corpus.pair en-en (study.yaml): the source and the target need two names")
 
 
 def test_sacrebleu_offline_without_its_cache_says_where_the_cache_is(tmp_path):
@@ -560,13 +557,13 @@ def test_a_cpu_studys_plan_counts_what_trains_at_a_cpus_speed_and_no_stale_train
                    "test": {"tst": {"src": "tst.de", "tgt": "tst.en"}}, "bpe_size": 60, "workers": 1},
         "train": {"device": "cpu", "precision": "fp32", "max_update": 40}, "evaluate": {"checkpoints": "epoch", "average": 2}})
 
-    def plan(*args):
-        out = ok(run_sh(root, work, "files", "study.yaml", "-n", *args, stub=True))
-        return [line for line in out.splitlines() if line.startswith("| plan") or line.startswith("|   ")]
+    def plan(proc):
+        return [line for line in ok(proc).splitlines() if line.startswith("| plan") or line.startswith("|   ")]
 
     # before the corpus is prepared: 40 updates of ~3,125 target tokens (4,096 padded) a model, at the
     # measured 70 GFLOP/s of a thread over 6 x the IWSLT model's parameters with 60 embedding rows
-    dry = plan("--cores", "2")
+    dry, one = (plan(proc) for proc in snakemake_server.runs(
+        [run_sh_call(root, work, "files", "study.yaml", "-n", "--cores", cores, stub=True) for cores in ("2", "1")]))
     speed = "on the CPU at 367 target tokens a second (auto: 1 thread(s) at 70 GFLOP/s, as measured on an x86 " \
             "server, over 6 x 31,574,016 parameters; set train.tokens_per_second from fairseq's wps in train.log " \
             "on your CPU) (estimated)"
@@ -574,13 +571,13 @@ def test_a_cpu_studys_plan_counts_what_trains_at_a_cpus_speed_and_no_stale_train
     assert dry[-1] == "| plan total: 2 model(s), 2 to train, 80 updates, about 3.0 GB of checkpoints, 11 min on " \
         "the CPU, 2 at a time (--cores 2, 1 thread(s) each): about 6 min from the first start (estimated before " \
         "the corpus is prepared)"
-    assert plan("--cores", "1")[-1].endswith(", 11 min on the CPU, one model after another (--cores 1, 1 thread(s) "
+    assert one[-1].endswith(", 11 min on the CPU, one model after another (--cores 1, 1 thread(s) "
                                              "each) (estimated before the corpus is prepared)")
 
     # one model trained (the corpus prepared): the other alone to train
     ok(run_sh(root, work, "files", "study.yaml", "-c1", "study/models/sinusoidal/seed1/trained.json", stub=True))
     data = next((work / "data").iterdir())
-    dry = plan("--cores", "2")
+    dry = plan(run_sh(root, work, "files", "study.yaml", "-n", "--cores", "2", stub=True))
     assert "|   trained: study/models/sinusoidal/seed1/trained.json, with its configuration, code and data as they " \
         "are: not in the total" in dry
     assert dry[-1] == "| plan total: 2 model(s), 1 to train (1 trained), 40 updates, about 1.5 GB of checkpoints, 2 min " \

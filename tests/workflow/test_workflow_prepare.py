@@ -12,7 +12,9 @@ import shutil
 import pytest
 import torch
 
-from helpers.snakemake_runs import REPO, ok, snakemake
+from helpers.snakemake_runs import REPO, ok
+# Snakemake in a process kept warm (its imports paid once)
+from helpers.snakemake_server import snakemake
 from helpers.toy_archives import IWSLT_TEST_SIZES, PAIRS, write_archives, write_iwslt_archive
 
 SOURCES = os.path.join(REPO, "recipes", "wmt14_en_de", "sources")

@@ -9,7 +9,10 @@ import sys
 
 import yaml
 
-from helpers.snakemake_runs import REPO, STUDY, calls, ok, run_sh, snakemake, study, target
+from helpers import snakemake_server
+from helpers.snakemake_runs import REPO, STUDY, calls, ok, run_sh_call, study, target
+# Snakemake in a process kept warm (its imports paid once)
+from helpers.snakemake_server import run_sh, snakemake
 from helpers.toy_archives import write_plain_pairs
 
 # no GPU here, whatever the machine has: CUDA_VISIBLE_DEVICES empty, as recipes/run.sh counts them
@@ -44,11 +47,13 @@ def test_a_gpu_study_run_here_without_a_gpu_is_refused_before_any_job_but_planne
     # through run.sh, which passes --resources=gpus=0 here: Snakemake cuts each job's gpus to it
     work = str(tmp_path)
     write(tmp_path / "gpu.yaml", study(train__device="gpu"))
-    planned = ok(run_sh(REPO, work, "demo", "gpu.yaml", target("sinusoidal"), "-n", env=NO_GPU, stub=True))
+    # the dry run and the run in one Snakemake process (helpers/snakemake_server.py)
+    planned, proc = snakemake_server.runs([run_sh_call(REPO, work, "demo", "gpu.yaml", target("sinusoidal"), *dry,
+                                                     env=NO_GPU, stub=True) for dry in (["-n"], [])])
+    planned = ok(planned)
     assert "--resources=gpus=0" in planned
     assert "| plan: no GPU on this machine: the trainings and decodes run through a profile or executor" in planned
     assert "rule train:" in planned
-    proc = run_sh(REPO, work, "demo", "gpu.yaml", target("sinusoidal"), env=NO_GPU, stub=True)
     out = proc.stdout + proc.stderr
     refusal = [line for line in out.splitlines() if "configuration refused" in line]
     assert proc.returncode != 0 and refusal == [
@@ -80,8 +85,8 @@ def test_run_sh_takes_study_files_among_its_options_not_an_options_value(tmp_pat
     assert run_args(tmp_path, "--dry", "a.yaml", "-c", "4", "b.yml", "-j4", "c.yaml").stdout == "1 4 6\n"
     # through run.sh: a study file after -n plans as before it
     write(tmp_path / "study.yaml", STUDY)
-    after, before = (ok(run_sh(REPO, str(tmp_path), "demo", *order)) for order in (["study.yaml", "-n"],
-                                                                                   ["-n", "study.yaml"]))
+    after, before = (ok(proc) for proc in snakemake_server.runs(
+        [run_sh_call(REPO, str(tmp_path), "demo", *order) for order in (["study.yaml", "-n"], ["-n", "study.yaml"])]))
     assert jobs(after) == jobs(before) == {"toy_corpus": "1", "train": "1", "average": "1", "decode": "1",
                                            "label": "1", "study_config": "1", "demo_report": "1", "all": "1",
                                            "total": "8"}, after
@@ -110,19 +115,20 @@ def test_the_corpus_files_values_are_its_defaults_not_the_users_and_a_refusal_na
     # report's baseline is the schema's default's (sinusoidal if a row, else the first)
     write(tmp_path / "mine.yaml", {**FILES, "models": {"encodings": ["rope", "alibi"]},
                                    "train": {"max_tokens": 256, "update_freq": 1}})
-    out = ok(run_sh(REPO, work, "files", "mine.yaml", "-n", "-p"))
+    # the three dry runs in one Snakemake process (helpers/snakemake_server.py)
+    write(tmp_path / "given.yaml", {"train": {"batch_target": 4096}, "models": {"baseline": "sinusoidal"}})
+    out, given, recipe = snakemake_server.runs([run_sh_call(REPO, work, "files", "mine.yaml", *args) for args in (
+        ["-n", "-p"], ["given.yaml", "-n"], ["-n", "--config", "train={'recipe': 'toy', 'max_tokens': 256}"])])
+    out = ok(out)
     assert jobs(out)["train"] == "2" and "--max-tokens 256 --update-freq 1" in out
     assert '"baseline": null' in out  # the report's record (study.json)
     # the same given by the user: refused, naming the file
-    write(tmp_path / "given.yaml", {"train": {"batch_target": 4096}, "models": {"baseline": "sinusoidal"}})
-    proc = run_sh(REPO, work, "files", "mine.yaml", "given.yaml", "-n")
-    refusal = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "configuration refused" in line]
-    assert proc.returncode != 0 and refusal == [
+    refusal = [line for line in given.stdout.splitlines() + given.stderr.splitlines() if "configuration refused" in line]
+    assert given.returncode != 0 and refusal == [
         "configuration refused: train.batch_target 4096 (given.yaml): train.max_tokens and train.update_freq are "
         "both set: nothing is chosen for it"]
     # a value of the corpus's file that the user's settings cannot run with: refused, naming that file
-    proc = run_sh(REPO, work, "files", "mine.yaml", "-n", "--config", "train={'recipe': 'toy', 'max_tokens': 256}")
-    refusal = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if "configuration refused" in line]
-    assert proc.returncode != 0 and refusal == [
+    refusal = [line for line in recipe.stdout.splitlines() + recipe.stderr.splitlines() if "configuration refused" in line]
+    assert recipe.returncode != 0 and refusal == [
         "configuration refused: models.arch iwslt (recipes/conf/files.yaml): train.recipe toy trains "
         "transformer_posenc at the sizes tiny, small, medium, base (scaling_nmt trains fairseq's iwslt)"]
