@@ -23,7 +23,7 @@ def _train(tmp_path, **env):
                            "fairseq-train", str(data), "--max-update", "6", "--save-interval-updates", "2",
                            "--keep-interval-updates", "5", "--log-interval", "100"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PATH": f"{runs.STUBS}:{os.environ['PATH']}",
+                          env={**os.environ, "PATH": f"{runs.STUBS}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
                                "STUB_LOG": str(tmp_path / "calls.jsonl"), "STUB_UPDATES_PER_EPOCH": "1000", **env})
 
 
