@@ -12,9 +12,9 @@ on the query's position through the normaliser, so it is a table over (i, j), no
 
 The paper's model is causal (decoder-only): the decoder's bias is that, for keys j <= i. The
 paper's code takes psi of |c (i - j)|, so the same formula over both sides is the encoder's
-default form, ``--fire-encoder symmetric``: f sees the distance only, not its side, and the
-encoder tells left from right only where the query's position passes L (the normaliser) and by
-the tokens at one end. ``--fire-encoder signed`` gives f the side: its input is
+default form, ``--fire-encoder symmetric``: f sees the distance, not its side, but the normaliser
+sees the query's position: past L (learned) the encoder tells left from right (up to L + 1 tokens
+only by the tokens at one end). ``--fire-encoder signed`` gives f the side: its input is
 sign(i - j) psi(|i - j|) / psi(max(L, i)), in [-1, 1] (keys before the query positive). The
 cross-attention gets no bias.
 """
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
 from .base import PositionEncoding, at_least_float32, gather_square
-from .values import Values
 
 ENCODER_FORMS = ("symmetric", "signed")
 #: the paper's code: the MLP's width, c's and L's initial values, the normaliser's epsilon
@@ -34,9 +34,9 @@ WIDTH, INIT_C, INIT_L, EPS = 32, 0.1, 512.0, 1e-6
 
 @dataclass
 class FireConfig:
-    fire_encoder: str = field(
+    fire_encoder: ChoiceEnum(list(ENCODER_FORMS)) = field(
         default="symmetric",
-        metadata={"label": "{}", "values": Values(choices=ENCODER_FORMS, noun="a form"),
+        metadata={"label": "{}",
                   "help": "fire: the encoder's input to f, symmetric (psi(|i-j|), the paper's formula on both sides) "
                   "or signed (sign(i-j) psi(|i-j|): tells left from right). The decoder is causal"},
     )
@@ -57,6 +57,8 @@ class Fire(PositionEncoding):
 
     config = FireConfig
     keeps_tables = True
+    #: positions per unit of a parameter: L = 512 |m| (tests/helpers/toy.py draws m in positions)
+    parameter_units = {"L_multiplier": INIT_L}
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         super().__init__(cfg, side, num_layers, num_heads, head_dim)
@@ -64,11 +66,6 @@ class Fire(PositionEncoding):
         self.mlp = nn.Sequential(nn.Linear(1, WIDTH), nn.ReLU(), nn.Linear(WIDTH, num_heads, bias=False))
         self.c = nn.Parameter(torch.tensor(INIT_C))
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
-
-    @property
-    def tells_left_from_right(self) -> bool:
-        """Signed: f sees the side. Symmetric: not for sentences up to L + 1 tokens (the normaliser)."""
-        return self.form == "signed"
 
     def carried_options(self) -> dict:
         return {**super().carried_options(), "fire_encoder": self.form if self.side == "encoder" else "symmetric"}

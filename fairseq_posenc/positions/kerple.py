@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+from fairseq.dataclass import ChoiceEnum
 from torch import Tensor
 
 from .base import PositionEncoding, at_least_float32
-from .values import Values
 
 KERNELS = ("log", "power")
 #: the smallest r1 and r2 (the authors' clamp), and the power kernel's largest exponent
@@ -32,9 +32,9 @@ EPS, MAX_POWER = 1e-2, 2.0
 
 @dataclass
 class KerpleConfig:
-    kerple_kernel: str = field(
+    kerple_kernel: ChoiceEnum(list(KERNELS)) = field(
         default="log",
-        metadata={"label": "{}", "values": Values(choices=KERNELS, noun="a kernel"),
+        metadata={"label": "{}",
                   "help": "kerple: the kernel, log (-r1 log(1 + r2 |i-j|), the paper's best) or power (-r1 |i-j|^r2, "
                   "r2 <= 2)"},
     )
