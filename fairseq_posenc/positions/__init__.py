@@ -23,6 +23,8 @@ SCHEMES = {
     "alibi": "alibi.ALiBi",
     "floater": "floater.FloaterPositionEncoding",
     "rnn": "rnn.RNNPositionEncoding",
+    "kerple": "kerple.Kerple",
+    "fire": "fire.Fire",
 }
 
 

@@ -171,7 +171,7 @@ def _scores(stdout):
 def runs(copy, steps, tmp_path_factory):
     """fairseq-train of the example, then fairseq-generate: a beam search, and the reference
     scored (``--score-reference``) by the trained model, by the same checkpoint with the
-    example's position term switched off (r2 = softplus(-200) = 0 in float32: log1p(0) = 0) and by
+    example's position term switched off (r2 = softplus(-200) = 0 in float32: a term of 0) and by
     the same weights loaded as ``--position-encoding none``."""
     name = steps["name"]
     root = tmp_path_factory.mktemp("runs")

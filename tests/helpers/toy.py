@@ -61,8 +61,13 @@ def with_strong_positions(model, std=0.5):
         for module in stack.position_encoding.modules():
             # a linear layer (FLOATER's dynamics) keeps unit gain, or its ODE would blow up
             scale = std / module.in_features**0.5 if isinstance(module, torch.nn.Linear) else std
-            for p in module.parameters(recurse=False):
-                p.data.copy_(torch.randn(p.shape, generator=g) * scale)
+            # a parameter the scheme keeps positive (KERPLE's r1, r2: clamped) is drawn as a magnitude,
+            # one in units of many positions (FIRE's L = 512 m) in positions
+            positive = getattr(module, "positive_parameters", ())
+            units = getattr(module, "parameter_units", {})
+            for name, p in module.named_parameters(recurse=False):
+                draw = torch.randn(p.shape, generator=g) * scale / units.get(name, 1)
+                p.data.copy_(draw.abs() if name in positive else draw)
     return model.eval()
 
 
