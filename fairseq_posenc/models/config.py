@@ -203,7 +203,7 @@ def refuse_unused_flags(args):
                 why = f"{model} keeps fairseq's input position embedding anyway"
             elif f.name in _names(SegmentBias.config) and not args.segment_attention:
                 why = f"{model} without --segment-attention does not use it"
-            elif f.name in SWITCHED and f.name in flags_in_use(argparse.Namespace(**{**vars(args), SWITCHED[f.name]: True})):
+            elif f.name in SWITCHED and f.name in scheme_flags(get_position_encoding(args.position_encoding)):
                 why = f"{model} without {_flag(SWITCHED[f.name], True)} does not use it"
             else:
                 why = f"{model} does not use it"

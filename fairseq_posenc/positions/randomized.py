@@ -4,8 +4,9 @@ With ``--randomized-positions`` a sentence of n real tokens is given, in place o
 0 .. n-1, an ordered random sample p_0 < ... < p_{n-1} of n distinct integers from [0, L), L =
 ``--randomized-max-position`` (the paper's 2048): the n smallest of L keys drawn per sentence,
 sorted. The encoder and the decoder draw independently (their keys differ by side); every layer of
-a stack uses its stack's draw. The authors also draw at test time (their issue #1: "we also
-randomize at test time"), and so does the encoder here. The decoder cannot: a step-by-step decode
+a stack uses its stack's draw. The authors also draw at test time
+(google-deepmind/randomized_positional_encodings#1: "we also randomize at test time"), and so does
+the encoder here. The decoder cannot: a step-by-step decode
 fixes the positions of the prefix before its length is known, and the paper's models have no cached
 decoder (their autoregressive evaluation re-encodes the whole sequence each step, with a new draw).
 In evaluation the decoder reads 0 .. n-1, so an incremental decode equals the full forward.
@@ -154,14 +155,15 @@ def build(cfg, side: str) -> Optional[RandomizedPositions]:
 # position numbers, padding_idx + 1 + p; pads padding_idx); a decoding step reads fairseq's own
 class RandomizedSinusoidal(SinusoidalPositionalEmbedding):
     drawn: Optional[Tensor] = None
+    #: the rows the drawn positions may read: padding_idx + 1 + L (set with ``drawn``)
+    rows: int = 0
 
     def forward(self, input, incremental_state=None, timestep=None, positions=None):
         if self.drawn is None or incremental_state is not None:
             return super().forward(input, incremental_state, timestep, positions)
-        needed = int(self.drawn.max()) + 1
-        if needed > self.weights.size(0):
+        if self.rows > self.weights.size(0):  # the whole range, once (no host sync per forward)
             self.weights = SinusoidalPositionalEmbedding.get_embedding(
-                needed, self.embedding_dim, self.padding_idx).to(self.weights)
+                self.rows, self.embedding_dim, self.padding_idx).to(self.weights)
         bsz, seq_len = self.drawn.shape
         return self.weights.index_select(0, self.drawn.reshape(-1)).view(bsz, seq_len, -1).detach()
 
@@ -237,3 +239,4 @@ class TakesRandomizedPositions:
         numbers = None if self._drawn is None else fairseq_numbers(self._drawn, self.padding_idx)
         for reader in (*self._readers, *getattr(self, "block_tables", ())):
             randomize(reader).drawn = numbers
+            reader.rows = self.padding_idx + 1 + self.randomized.max_position
