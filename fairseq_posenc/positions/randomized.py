@@ -6,10 +6,10 @@ With ``--randomized-positions`` a sentence of n real tokens is given, in place o
 sorted. The encoder and the decoder draw independently (their keys differ by side); every layer of
 a stack uses its stack's draw. The authors also draw at test time
 (google-deepmind/randomized_positional_encodings#1: "we also randomize at test time"), and so does
-the encoder here. The decoder cannot: a step-by-step decode
-fixes the positions of the prefix before its length is known, and the paper's models have no cached
-decoder (their autoregressive evaluation re-encodes the whole sequence each step, with a new draw).
-In evaluation the decoder reads 0 .. n-1, so an incremental decode equals the full forward.
+the encoder here. The decoder cannot: a step-by-step decode fixes the positions of the prefix
+before its length is known, and the paper's models have no cached decoder (their autoregressive
+evaluation re-encodes the whole sequence each step, with a new draw). In evaluation the decoder
+reads 0 .. n-1, so an incremental decode equals the full forward.
 
 The keys are a hash, not a random generator's stream: of fairseq's ``--seed``, the update number
 (evaluation: one fixed stream), the side, L, the key's index j and the sentence's real tokens. A
