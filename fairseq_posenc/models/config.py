@@ -77,6 +77,13 @@ def _scheme_fields():
     return [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in seen.values()]
 
 
+def _switched():
+    """{option: the switch it needs}: the fields that declare ``metadata["needs"]`` (the range of
+    --randomized-positions), used only where that switch is on."""
+    return {name: f.metadata["needs"] for name, _, f in _scheme_fields() if "needs" in f.metadata}
+
+
+SWITCHED = _switched()
 PositionFlags = dataclasses.make_dataclass("PositionFlags", _scheme_fields(), bases=(FairseqDataclass,))
 ALL_CONFIGS = (PosencConfig, PositionFlags)
 
@@ -104,7 +111,7 @@ def flags_in_use(args) -> FrozenSet[str]:
         used |= _names(SegmentBias.config)
     if scheme.input_embedding is not None:  # it keeps fairseq's input embedding anyway
         used -= {"keep_input_positions"}
-    return used
+    return used - {name for name, switch in SWITCHED.items() if not getattr(args, switch, False)}
 
 
 def _flag(name: str, value) -> str:
@@ -196,6 +203,8 @@ def refuse_unused_flags(args):
                 why = f"{model} keeps fairseq's input position embedding anyway"
             elif f.name in _names(SegmentBias.config) and not args.segment_attention:
                 why = f"{model} without --segment-attention does not use it"
+            elif f.name in SWITCHED and f.name in scheme_flags(get_position_encoding(args.position_encoding)):
+                why = f"{model} without {_flag(SWITCHED[f.name], True)} does not use it"
             else:
                 why = f"{model} does not use it"
             raise PosencError(f"{_flag(f.name, value)} would change nothing: {why} (it is for {_takers(f.name)})")

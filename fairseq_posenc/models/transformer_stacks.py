@@ -120,6 +120,7 @@ class PosencTransformerEncoder(LongestTrained, TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens):
         super().__init__(cfg, dictionary, embed_tokens)
         self.position_encoding = _build_position_encoding(cfg, "encoder", cfg.encoder)
+        self.position_encoding.padding_idx = self.padding_idx  # where it reads the sentences' lengths
         terms = [self.position_encoding]
         if getattr(cfg, "segment_attention", False):
             separator = dictionary.index(cfg.segment_separator)
@@ -155,6 +156,7 @@ class PosencTransformerDecoder(LongestTrained, TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.position_encoding = _build_position_encoding(cfg, "decoder", cfg.decoder)
+        self.position_encoding.padding_idx = self.padding_idx
         _attach(self.layers, (self.position_encoding,), (self.position_encoding,))
         self._init_longest_trained()
 

@@ -4,24 +4,27 @@ At every block (``--position-blocks all``) each block n has its own table p^(n),
 parameters as fairseq's input embedding (plus its padding rows), N tables per stack in all:
 block 1's is fairseq's input embedding, blocks 2..N's live here and are looked up at the same
 positions (fairseq's numbering, left padding and decoding steps included). The tables end at
-``--max-source-positions`` / ``--max-target-positions``.
+``--max-source-positions`` / ``--max-target-positions``; with ``--randomized-positions`` at L =
+``--randomized-max-position`` (L - max positions more rows of d parameters, each table).
 """
 from typing import Optional
 
 import torch.nn as nn
 from fairseq.modules import PositionalEmbedding
 
-from .base import PositionBlocksConfig, PositionEncoding
-from .sinusoidal import check_input_embedding, newest_positions
+from .base import PositionEncoding
+from .randomized import TakesRandomizedPositions
+from .sinusoidal import AbsoluteConfig, check_input_embedding, newest_positions
 
 
-class LearnedPositionEncoding(PositionEncoding):
+class LearnedPositionEncoding(TakesRandomizedPositions, PositionEncoding):
     input_embedding = "learned"
     extrapolates = False
-    config = PositionBlocksConfig
+    config = AbsoluteConfig
     default_blocks = "input"
 
     def use_input_embedding(self, embedding: Optional[nn.Module]):
+        super().use_input_embedding(embedding)  # --randomized-positions: a learned table grown first
         if self.position_blocks == "all" and not hasattr(self, "block_tables"):
             check_input_embedding(embedding)
             # initialised as fairseq initialises the input table

@@ -6,6 +6,7 @@ from torch import Tensor
 from ..compat import PosencError
 from .base import PositionEncoding, at_least_float32, cast
 from .float_bounds import rope_theta_low
+from .randomized import RandomizedConfig, TakesRandomizedPositions
 from .values import Values
 
 
@@ -33,13 +34,13 @@ def rotation_rows(angles: Tensor) -> Tensor:
 
 
 @dataclass
-class RopeConfig:
+class RopeConfig(RandomizedConfig):
     rope_theta: float = field(default=10000.0, metadata={
         "values": Values(low=rope_theta_low, why="below it the last position's rotation angles overflow float32"),
         "help": "rope: base of the rotation frequencies"})
 
 
-class RotaryPositionEncoding(PositionEncoding):
+class RotaryPositionEncoding(TakesRandomizedPositions, PositionEncoding):
     """RoPE (Su et al., 2021): rotate each query and key by angles proportional to its
     position, so that q_i . k_j depends on i - j. Self-attention only."""
 
@@ -63,6 +64,9 @@ class RotaryPositionEncoding(PositionEncoding):
         dtype = at_least_float32(q.dtype)
 
         def rows():
+            if self._drawn is not None:  # --randomized-positions: a full forward, (2, B, 1, T, D)
+                return rotation_rows(rope_angles(self._drawn.clamp(min=0).reshape(-1), self.head_dim, self.theta,
+                                                 dtype)).view(2, *self._drawn.shape, -1).unsqueeze(2).unbind(0)
             # (2, n, D) cos, signed sin
             table = self.table("rope", pos.k_frame.numel(), lambda n: rotation_rows(
                 rope_angles(torch.arange(n, device=q.device), self.head_dim, self.theta, dtype)))

@@ -10,6 +10,7 @@ position number (the first real token of a left-padded source is padding index +
 counts blocks from 1 in each stack, as the paper's Eq. 5: block 1 gets s(1) on top of the input
 embedding's s(i).
 """
+from dataclasses import dataclass
 from typing import Optional
 
 import torch.nn as nn
@@ -18,6 +19,12 @@ from torch import Tensor
 
 from ..compat import PosencError
 from .base import PositionBlocksConfig, PositionEncoding
+from .randomized import RandomizedConfig, TakesRandomizedPositions
+
+
+@dataclass
+class AbsoluteConfig(PositionBlocksConfig, RandomizedConfig):
+    """The flags of the encoders of absolute positions at the input (sinusoidal, learned)."""
 
 
 def check_input_embedding(embedding: Optional[nn.Module]):
@@ -35,12 +42,13 @@ def newest_positions(embedding: nn.Module, tokens: Tensor, steps: int) -> Tensor
     return embedding(tokens, incremental_state=incremental)[:, -steps:].transpose(0, 1)
 
 
-class SinusoidalPositionEncoding(PositionEncoding):
+class SinusoidalPositionEncoding(TakesRandomizedPositions, PositionEncoding):
     input_embedding = "sinusoidal"
-    config = PositionBlocksConfig
+    config = AbsoluteConfig
     default_blocks = "input"
 
     def use_input_embedding(self, embedding: Optional[nn.Module]):
+        super().use_input_embedding(embedding)  # --randomized-positions: a learned table grown first
         # a reference, not a submodule: the embedding belongs to the stack
         self._embedding = (embedding,)
         if self.position_blocks == "all":

@@ -34,6 +34,7 @@ import torch
 
 from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS
+from fairseq_posenc.positions.randomized import RandomizedConfig
 
 UPDATES = 5
 #: after 5 Adam updates at lr 1e-3 (each parameter moves by up to 5e-3); see FLOATER below
@@ -127,8 +128,17 @@ for log, argv in json.load(open(sys.argv[1])):
             del distributed_utils.get_global_group._global_group
 """
 
-#: (encoding, --ddp-backend) of each case: every encoding under torch's DDP, FLOATER under legacy_ddp
-CASES = [(encoding, "pytorch_ddp") for encoding in POSITION_ENCODINGS] + [("floater", "legacy_ddp")]
+#: (encoding, --ddp-backend, its flags) of each case: every encoding under torch's DDP, FLOATER under
+#: legacy_ddp, and each encoding that takes --randomized-positions with it (each sentence's draw is its
+#: own: the same whichever rank holds it)
+RANDOMIZED = ["--randomized-positions"]
+CASES = [(encoding, "pytorch_ddp", []) for encoding in POSITION_ENCODINGS] + [("floater", "legacy_ddp", [])] + [
+    (encoding, "pytorch_ddp", RANDOMIZED) for encoding, scheme in POSITION_ENCODINGS.items()
+    if scheme.config is not None and issubclass(scheme.config, RandomizedConfig)]
+
+
+def _case(encoding, ddp_backend, flags):
+    return "-".join([encoding, ddp_backend, *(f.strip("-") for f in flags)])
 
 
 @pytest.fixture(scope="module")
@@ -137,16 +147,16 @@ def trained(data_bin, tmp_path_factory):
     at once, each running its part of every case in turn."""
     root = tmp_path_factory.mktemp("ddp")
     parts = {"rank0": [], "rank1": [], "single": []}
-    for encoding, backend in CASES:
-        case = root / f"{encoding}-{backend}"
+    for encoding, backend, flags in CASES:
+        case = root / _case(encoding, backend, flags)
         init = _rendezvous(case.with_name(case.name + ".rendezvous"))
         for rank in (0, 1):
             parts[f"rank{rank}"].append((str(case / f"rank{rank}.log"), _command(
                 data_bin, str(case / "ddp"), encoding, "--distributed-world-size", "2", "--distributed-rank", str(rank),
                 "--distributed-init-method", init, "--distributed-no-spawn", "--distributed-backend", "gloo",
-                "--ddp-backend", backend)[1:]))
+                "--ddp-backend", backend, *flags)[1:]))
         parts["single"].append((str(case / "single.log"),
-                                _command(data_bin, str(case / "single"), encoding, "--update-freq", "2")[1:]))
+                                _command(data_bin, str(case / "single"), encoding, "--update-freq", "2", *flags)[1:]))
         case.mkdir()
     procs = {}
     for name, jobs in parts.items():
@@ -169,8 +179,8 @@ def _log(path):
     return text
 
 
-def _assert_same_training(root, encoding, ddp_backend):
-    case = root / f"{encoding}-{ddp_backend}"
+def _assert_same_training(root, encoding, ddp_backend, flags=()):
+    case = root / _case(encoding, ddp_backend, flags)
     rank0_log, single_log = _log(case / "rank0.log"), _log(case / "single.log")
     _log(case / "rank1.log")
     assert "distributed init (rank 0)" in rank0_log and "'distributed_world_size': 2" in rank0_log
@@ -192,6 +202,11 @@ def _assert_same_training(root, encoding, ddp_backend):
 @pytest.mark.parametrize("encoding", list(POSITION_ENCODINGS))
 def test_two_processes_train_exactly_as_one_with_the_same_total_batch(trained, encoding):
     _assert_same_training(trained, encoding, "pytorch_ddp")
+
+
+@pytest.mark.parametrize("encoding", [encoding for encoding, _, flags in CASES if flags == RANDOMIZED])
+def test_two_processes_train_exactly_as_one_with_randomized_positions(trained, encoding):
+    _assert_same_training(trained, encoding, "pytorch_ddp", RANDOMIZED)
 
 
 def test_fairseqs_legacy_ddp_trains_exactly_as_one_process(trained):

@@ -166,7 +166,11 @@ def _options(encoding):
     published = {**scheme.published_options(), "attention_head_dim": head_dim}
     fields = list(dataclasses.fields(scheme.config)) if scheme.config else []
     fields += [f for f in dataclasses.fields(PosencConfig) if not f.name.startswith("_")]
-    yield base, model_label(model), [(f, published.get(f.name, f.default)) for f in fields]
+    yield base, model_label(model), [(f, published.get(f.name, f.default)) for f in fields if "needs" not in f.metadata]
+    for switch in sorted({f.metadata["needs"] for f in fields if "needs" in f.metadata}):  # --randomized-positions
+        switched = base + _flag(switch, True)
+        yield switched, model_label(_build(*switched)), [(f, f.default) for f in fields
+                                                         if f.metadata.get("needs") == switch]
     with_segments = base + ["--segment-attention"]
     segments = _build(*with_segments)
     yield with_segments, model_label(segments), [(f, f.default) for f in dataclasses.fields(SegmentBias.config)]

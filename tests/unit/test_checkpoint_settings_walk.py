@@ -15,7 +15,7 @@ from fairseq_posenc.compat import PosencError
 from fairseq_posenc.labels import model_label, number
 from fairseq_posenc.models.checkpoint_settings import (DECODE, FINETUNE, MAY_CHANGE, NOT_THE_MODEL, RESUME,
                                                        refuse_other_settings)
-from fairseq_posenc.models.config import ALL_CONFIGS, flags_in_use
+from fairseq_posenc.models.config import ALL_CONFIGS, SWITCHED, flags_in_use, scheme_flags
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from helpers.toy import ToyTask, build_model, model_args
 
@@ -54,12 +54,19 @@ def _flag(name, value):
     return [flag] if value is True else [flag, str(value)]
 
 
+def _contexts(scheme):
+    """CONTEXTS, and each switch an option of the scheme needs (SWITCHED: --randomized-positions)."""
+    yield from CONTEXTS.items()
+    for switch in sorted(set(SWITCHED.values()) & scheme_flags(scheme)):
+        yield switch, _flag(switch, True)
+
+
 def _cases():
-    for context, extra in CONTEXTS.items():
-        for encoding, scheme in POSITION_ENCODINGS.items():
+    for encoding, scheme in POSITION_ENCODINGS.items():
+        for context, extra in _contexts(scheme):
             base = ["--position-encoding", encoding, *extra]
             for name in sorted(set(flags_in_use(model_args("transformer_posenc", *base))) & set(FIELDS) - {"position_encoding"}):
-                if not (name == "segment_attention" and extra):
+                if not (name in ("segment_attention", context) and extra):
                     yield pytest.param(base, name, _other(FIELDS[name], scheme), id=f"{context}-{encoding}-{name}")
 
 

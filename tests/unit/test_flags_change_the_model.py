@@ -28,13 +28,15 @@ from fairseq.optim.adam import Adam
 
 from fairseq_posenc import update_hooks
 from posenc_workflow import pipeline
-from fairseq_posenc.models.config import ALL_CONFIGS
+from fairseq_posenc.models.config import ALL_CONFIGS, SWITCHED, scheme_flags
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.segments import SegmentBias
 from helpers.toy import TINY, ToyTask, full_log_probs
 
 SEGMENTS = "--segment-attention"
 CONTEXTS = {"alone": [], "segments": [SEGMENTS]}
+#: a context per switch that options need (SWITCHED: --randomized-positions), for the encodings taking it
+SWITCHES = {switch: ["--" + switch.replace("_", "-")] for switch in sorted(set(SWITCHED.values()))}
 FIELDS = {f.name: f for config in ALL_CONFIGS for f in dataclasses.fields(config)
           if not f.name.startswith("_") and f.name != "position_encoding"}  # the grid's other axis
 SEPARATOR, OTHER_SEPARATOR = "<sep>", "w3"
@@ -187,27 +189,32 @@ def _outcome(base_flags, changed):
 
 
 def _cases():
-    for context, extra in CONTEXTS.items():
+    for context, extra in {**CONTEXTS, **SWITCHES}.items():
         for encoding, scheme in POSITION_ENCODINGS.items():
+            if context in SWITCHES and context not in scheme_flags(scheme):
+                continue
             for name in FIELDS:
-                if name == "segment_attention" and SEGMENTS in extra:
+                if name in ("segment_attention", context) and extra:
                     continue  # on in that context
                 yield pytest.param(context, encoding, name, id=f"{context}-{encoding}-{name}")
 
 
 def _own_flags(scheme, context):
-    """Flags that the encoding's own config (or the segment bias's, with it) declares: accepted."""
+    """Flags that the encoding's own config (or the segment bias's, with it) declares: accepted, those
+    needing a switch (SWITCHED) where it is on."""
     configs = [scheme.config] + ([SegmentBias.config] if context == "segments" else [])
-    return {f.name for config in configs if config for f in dataclasses.fields(config)}
+    own = {f.name for config in configs if config for f in dataclasses.fields(config)}
+    return own - {name for name, switch in SWITCHED.items() if switch != context}
 
 
 @pytest.mark.parametrize("context, encoding, name", list(_cases()))
 def test_a_flag_changes_the_model_or_is_refused_in_one_line(context, encoding, name):
     scheme = POSITION_ENCODINGS[encoding]
-    changed = _changed(name, scheme, CONTEXTS[context])
-    outcome, detail = _outcome(["--position-encoding", encoding, *CONTEXTS[context]], changed)
+    extra = {**CONTEXTS, **SWITCHES}[context]
+    changed = _changed(name, scheme, extra)
+    outcome, detail = _outcome(["--position-encoding", encoding, *extra], changed)
     assert outcome != "nothing", f"{' '.join(changed)} with --position-encoding {encoding} " \
-        f"{' '.join(CONTEXTS[context])}: built and trained the same model, without a word"
+        f"{' '.join(extra)}: built and trained the same model, without a word"
     if outcome == "refused":
         assert changed[0] in detail and "\n" not in detail, detail
         assert name not in _own_flags(scheme, context), f"refused a flag of its own config: {detail}"

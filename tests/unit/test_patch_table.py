@@ -24,7 +24,7 @@ FOREIGN = {"fairseq", "fairseq_cli", "torch", "argparse", "sys", "atexit", "os",
            "numpy", "omegaconf", "warnings", "faulthandler", "builtins", "logging"}
 #: the plugin's names for fairseq's objects it is handed: writes to their attributes count (its
 #: own model configuration, ``args``, which fairseq's architecture functions fill, does not)
-FOREIGN_PARAMETERS = {"trainer", "optimizer", "cfg", "common", "parser"}
+FOREIGN_PARAMETERS = {"trainer", "optimizer", "cfg", "common", "parser", "embedding"}
 #: calls that change the whole process
 HOOK_CALLS = {"atexit.register", "signal.signal", "sys.settrace", "sys.setprofile", "threading.settrace",
               "threading.setprofile", "faulthandler.enable", "warnings.filterwarnings", "warnings.simplefilter",

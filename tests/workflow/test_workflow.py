@@ -369,6 +369,7 @@ SHIPPED = {
     "floater_table6": ["wmt14_en_de", "floater_table6"],
     "distillation": ["wmt14_en_de", "distillation"],
     "iwslt14_cpu": ["iwslt14_de_en", "iwslt14_cpu"],
+    "length_generalisation": ["iwslt14_de_en", "length_generalisation"],
     "files": ["files"],  # with a study file naming toy files (the test writes them)
 }
 
@@ -422,7 +423,7 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     # published size (at Vaswani et al.'s speed, the IWSLT model's assumed 25000 tokens a second)
     for name, out in outs.items():
         total = re.search(r"^\| plan total: .*$", out, re.M).group(0)
-        assert (name in ("demo", "iwslt14_cpu")) != bool(re.search(
+        assert (name in ("demo", "iwslt14_cpu", "length_generalisation")) != bool(re.search(
             r"of checkpoints, [\d.]+ GPU-hours \(estimated before the corpus is prepared\)$", total)), total
     # on a CPU, the hours of each model on it at the speed measured (recipes/conf/iwslt14_cpu.yaml), an afternoon
     cpu = yaml.safe_load(open(os.path.join(conf, "iwslt14_cpu.yaml")))
@@ -432,6 +433,12 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     total = float(re.search(r", ([\d.]+) h on the CPU, one model after another", outs["iwslt14_cpu"]).group(1))
     assert 2 <= total <= 6 and abs(total - sum(float(t) for t, _ in times)) <= 0.05 * len(times)
     assert "GPU" not in re.search(r"^\| plan total: .*$", outs["iwslt14_cpu"], re.M).group(0)
+    # the length-generalisation study: its five rows (randomized positions by name) on the short-to-long
+    # split, at iwslt14_cpu.yaml's model, budget and speed, 2 h a row
+    rows = re.findall(r"^\| plan (\S+)/seed1 \(configuration", outs["length_generalisation"], re.M)
+    assert rows == ["sinusoidal", "sinusoidal-randomized-positions", "rope", "rope-randomized-positions", "alibi"]
+    assert stats["length_generalisation"]["length_split"] == "1" == stats["length_generalisation"]["length_report"]
+    assert re.findall(r"^\|   time: ([\d.]+) h on the CPU", outs["length_generalisation"], re.M) == ["2.0"] * 5
     # a files corpus: its training pairs counted in the files (300 lines, less every 100th to validate)
     assert "(297 training pairs (counted in train.en: 300 lines, " in outs["files"]
     assert stats["files"]["gather"] == "1" and stats["files"]["decode"] == "3"
