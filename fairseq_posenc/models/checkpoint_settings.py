@@ -43,7 +43,22 @@ MAY_CHANGE = {
     "rope_theta": ((DECODE,), _SPACING),
     "floater_dt": ((DECODE,), _SPACING),
     "rnn_dt": ((DECODE,), _SPACING),
+    "rope_ntk_factor": ((DECODE,), _SPACING),
+    "rope_pi_factor": ((DECODE,), _SPACING),
+    "rope_yarn_factor": ((DECODE,), _SPACING),
 }
+#: options a model is never trained with (positions/rope_scaling.py): refused by fairseq-train
+#: away from their default, also on a fresh run (MAY_CHANGE refuses them on resume and finetune)
+DECODE_ONLY = ("rope_ntk_factor", "rope_pi_factor", "rope_yarn_factor")
+
+
+def refuse_decode_only(args):
+    """One line where a training run's model ``args`` sets a decode-only option."""
+    for f in _fields():
+        value = getattr(args, f.name, f.default)
+        if f.name in DECODE_ONLY and value is not None and value != f.default:
+            raise PosencError(f"--{f.name.replace('_', '-')} {_flag(f.name, value).split()[-1]} is applied at decoding "
+                              "only: train without it, then give it to fairseq-generate's --model-overrides")
 
 #: id of a checkpoint's weights -> (its file, its saved model configuration, how it is loaded), set
 #: by the loaders just before fairseq hands the weights to the model's ``load_state_dict``
@@ -261,6 +276,8 @@ def check_training_loads():
 
     @functools.wraps(original)
     def load_checkpoint(self, filename, *args, **kwargs):
+        # every fairseq-train run asks for its checkpoint before the first update, fresh or not
+        refuse_decode_only(getattr(self.cfg, "model", None))
         how = FINETUNE if filename == getattr(self.cfg.checkpoint, "finetune_from_model", None) else RESUME
         read = checkpoint_utils.load_checkpoint_to_cpu
         states = []

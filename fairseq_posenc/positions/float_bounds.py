@@ -136,3 +136,28 @@ def floater_dt_range(args) -> Tuple[float, float]:
     weights decide (--floater-dissipation bounds it)."""
     positions = max(positions for _, positions, *_ in _sides(args))
     return float(FLOAT32.tiny), _largest_finite(2) / max(1, floater_solved_positions(positions) - 1)
+
+
+#: ln of float32's smallest normal number (-ln 2^-126): xPos's factors stay normal numbers within it
+_LOG_TINY = 126 * math.log(2)
+
+
+def _xpos_span(args) -> int:
+    """The largest position xPos scales (P - 1 of the longer side)."""
+    return max(positions for _, positions, *_ in _sides(args)) - 1
+
+
+def xpos_scale_base_low(args) -> float:
+    """The smallest --xpos-scale-base B whose factors zeta_i^(+-p/B) (xpos.py) are normal float32
+    numbers up to the last position p = P - 1: the smallest zeta, gamma / (1 + gamma) (i = 0), gives the
+    largest exponent, (P - 1) / B x ln((1 + gamma) / gamma) <= 126 ln 2."""
+    gamma = getattr(args, "xpos_gamma", 0.4) or 0.4
+    return _xpos_span(args) * math.log((1 + gamma) / gamma) / _LOG_TINY
+
+
+def xpos_gamma_low(args) -> float:
+    """The smallest --xpos-gamma with the same factors normal: ln((1 + gamma) / gamma) <=
+    126 ln 2 x B / (P - 1), i.e. gamma >= 1 / (exp(126 ln 2 x B / (P - 1)) - 1) (B = --xpos-scale-base)."""
+    base = getattr(args, "xpos_scale_base", 512.0) or 512.0
+    exponent = _LOG_TINY * base / max(1, _xpos_span(args))
+    return 0.0 if exponent > 700 else 1 / math.expm1(exponent)

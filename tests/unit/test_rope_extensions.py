@@ -1,0 +1,110 @@
+"""xPos and RoPE's decode-time scalings (NTK-aware, PI, YaRN) against values computed by hand from
+the papers' equations; a step-by-step decode equals the full forward under each; the scalings are
+refused at training in one line."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fairseq_posenc.compat import PosencError
+from fairseq_posenc.models.checkpoint_settings import refuse_decode_only
+from fairseq_posenc.positions.base import AttentionPositions
+from fairseq_posenc.positions.rope_scaling import ntk_theta, yarn_attention_factor, yarn_frequencies
+from helpers.toy import build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
+
+SCALINGS = [("--rope-ntk-factor", "4"), ("--rope-pi-factor", "4"), ("--rope-yarn-factor", "4")]
+
+
+def test_xpos_rotates_and_scales_two_positions_as_the_paper_writes_it():
+    """d = 4 (pairs (x0, x2), (x1, x3)), gamma 0.4, B 512, theta 10000: frequencies 1 and 1/100;
+    zeta = (0 + 0.4)/1.4 = 2/7 and (1/2 + 0.4)/1.4 = 9/14. A query at n is R(n w_i) zeta_i^(n/512),
+    a key at m is R(m w_i) zeta_i^(-m/512)."""
+    model = build_model("transformer_posenc", "--position-encoding", "xpos", "--attention-head-dim", "4",
+                        from_checkpoint=True)
+    scheme = model.decoder.position_encoding
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).double().expand(1, 1, 2, 4).contiguous()
+    with torch.no_grad():
+        q, k, _ = scheme.transform_qkv(0, "self", x, x, x, AttentionPositions.build(2, 2, None, "cpu"))
+    expected_q, expected_k = torch.zeros(2, 4, dtype=torch.float64), torch.zeros(2, 4, dtype=torch.float64)
+    for n in (0, 1):
+        for i, (w, zeta) in enumerate(((1.0, 2 / 7), (0.01, 9 / 14))):
+            a, b = x[0, 0, n, i].item(), x[0, 0, n, i + 2].item()
+            c, s = math.cos(n * w), math.sin(n * w)
+            rotated = (a * c - b * s, a * s + b * c)
+            for out, sign in ((expected_q, 1), (expected_k, -1)):
+                out[n, i], out[n, i + 2] = (v * zeta ** (sign * n / 512) for v in rotated)
+    assert torch.allclose(q[0, 0], expected_q, rtol=1e-12, atol=0)
+    assert torch.allclose(k[0, 0], expected_k, rtol=1e-12, atol=0)
+
+
+def test_xpos_encoder_rope_form_rotates_only():
+    model = build_model("transformer_posenc", "--position-encoding", "xpos", "--xpos-encoder", "rope")
+    assert not model.encoder.position_encoding.scaled and model.decoder.position_encoding.scaled
+
+
+def test_the_ntk_base_is_theta_times_s_to_the_d_over_d_minus_2():
+    assert ntk_theta(10000.0, 4, 4.0) == pytest.approx(10000 * 4 ** 2, rel=1e-15)  # d/(d-2) = 2
+    assert ntk_theta(10000.0, 64, 8.0) == pytest.approx(10000 * 8 ** (64 / 62), rel=1e-15)
+
+
+def _angles(*flags, n=3, dim=4):
+    model = build_model("transformer_posenc", "--position-encoding", "rope", "--attention-head-dim", str(dim),
+                        *flags, from_checkpoint=True)
+    return model.encoder.position_encoding.rotation_table(n, "cpu", torch.float64, 8)
+
+
+def test_pi_positions_are_divided_by_s():
+    """PI, S = 4: position m rotates by (m / 4) theta_i: cos of (m/4) x 1 and (m/4) x 0.01."""
+    table = _angles("--rope-pi-factor", "4")
+    for m in range(3):
+        assert table[0, m, 0].item() == pytest.approx(math.cos(m / 4), rel=1e-15)
+        assert table[0, m, 1].item() == pytest.approx(math.cos(m / 4 * 0.01), rel=1e-15)
+
+
+def test_ntk_rotates_by_the_scaled_base():
+    table = _angles("--rope-ntk-factor", "4")  # base 160000: frequencies 1, 1/400
+    assert table[0, 2, 1].item() == pytest.approx(math.cos(2 / 400), rel=1e-15)
+
+
+def test_yarn_interpolates_each_dimension_by_its_ramp_and_scales_by_the_temperature():
+    """d = 4, theta 10000, L = 8, S = 4: wavelengths 2 pi and 200 pi; r = 8 / (2 pi) = 1.273 (ramp
+    (1.273 - 1) / 31 = 0.00881) and 8 / (200 pi) = 0.0127 (ramp 0: fully interpolated, / 4);
+    sqrt(1/t) = 0.1 ln 4 + 1 = 1.1386 on q and k."""
+    g = (8 / (2 * math.pi) - 1) / 31
+    expected = torch.tensor([((1 - g) / 4 + g) * 1.0, 0.01 / 4], dtype=torch.float64)
+    assert torch.allclose(yarn_frequencies(4, 10000.0, 4.0, 8), expected, rtol=1e-14, atol=0)
+    assert yarn_attention_factor(4.0) == pytest.approx(0.1 * math.log(4) + 1, rel=1e-15) == pytest.approx(1.138629, 1e-6)
+    table = _angles("--rope-yarn-factor", "4")
+    assert table[0, 2, 0].item() == pytest.approx(math.cos(2 * expected[0].item()) * 1.138629436, rel=1e-9)
+    assert table[0, 2, 1].item() == pytest.approx(math.cos(2 * 0.0025) * 1.138629436, rel=1e-9)
+
+
+@pytest.mark.parametrize("flags", [["--position-encoding", "xpos"], ["--position-encoding", "xpos", "--xpos-encoder",
+                                   "rope"]] + [["--position-encoding", "rope", *s] for s in SCALINGS],
+                         ids=["xpos", "xpos-encoder-rope", "ntk", "pi", "yarn"])
+def test_a_step_by_step_decode_equals_the_full_forward(flags):
+    model = with_strong_positions(build_model("transformer_posenc", *flags, from_checkpoint=True)).eval()
+    batch = toy_batch(model.encoder.dictionary, [7, 4], tgt_len=9)
+    with torch.no_grad():
+        full, steps = full_log_probs(model, *batch), incremental_log_probs(model, *batch)
+    assert torch.allclose(full, steps, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("flag", [s[0] for s in SCALINGS])
+def test_a_training_run_refuses_a_decode_only_scaling_in_one_line(flag):
+    args = SimpleNamespace(**{flag[2:].replace("-", "_"): 2.0})
+    with pytest.raises(PosencError) as refused:
+        refuse_decode_only(args)
+    assert str(refused.value) == (f"{flag} 2 is applied at decoding only: train without it, then give it to "
+                                  "fairseq-generate's --model-overrides")
+
+
+def test_two_scalings_at_once_and_rope_flags_on_xpos_are_refused_in_one_line():
+    with pytest.raises(PosencError) as two:
+        build_model("transformer_posenc", "--position-encoding", "rope", "--rope-ntk-factor", "2",
+                    "--rope-pi-factor", "2", from_checkpoint=True)
+    assert str(two.value) == "--rope-ntk-factor 2 and --rope-pi-factor 2: rope takes one scaling at a time; give one of them"
+    with pytest.raises(PosencError) as xpos:
+        build_model("transformer_posenc", "--position-encoding", "xpos", "--rope-yarn-factor", "2", from_checkpoint=True)
+    assert str(xpos.value).startswith("--rope-yarn-factor 2.0: xpos takes none of rope's flags")
