@@ -102,7 +102,8 @@ def _describe(args, names, fields) -> str:
     """``args``' values of the options ``names``, as flags (those left at None or off omitted)."""
     return " ".join(_flag(f.name, getattr(args, f.name, f.default)) for f in fields
                     if f.name in names and getattr(args, f.name, f.default) is not None
-                    and getattr(args, f.name, f.default) is not False)
+                    and getattr(args, f.name, f.default) is not False
+                    and not (f.name in DECODE_ONLY and getattr(args, f.name, f.default) == f.default))
 
 
 def _own_options(args) -> List[str]:

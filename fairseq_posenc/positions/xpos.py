@@ -33,14 +33,15 @@ PUBLISHED_THETA = 10000.0
 
 @dataclass
 class XposConfig:
-    xpos_gamma: float = field(default=0.4, metadata={
-        "label": "gamma {}", "values": Values(low=xpos_gamma_low, above=True, why="below it the factors leave "
-                                              "float32's normal range at the last position"),
-        "help": "xpos: gamma of zeta_i = (2i/d + gamma) / (1 + gamma)"})
+    # B first: its bound is checked at the given gamma, whose own bound is far below any usable gamma
     xpos_scale_base: float = field(default=512.0, metadata={
-        "label": "scale base {}", "values": Values(low=xpos_scale_base_low, above=True, why="below it the factors "
-                                                   "leave float32's normal range at the last position"),
+        "label": "scale base {}", "values": Values(low=xpos_scale_base_low, above=True, why="below it, at this "
+                                                   "--xpos-gamma, the factors leave float32's normal range at the last position"),
         "help": "xpos: B of the factors zeta^(n/B) on queries, zeta^(-m/B) on keys"})
+    xpos_gamma: float = field(default=0.4, metadata={
+        "label": "gamma {}", "values": Values(low=xpos_gamma_low, above=True, why="below it, at this "
+                                              "--xpos-scale-base, the factors leave float32's normal range at the last position"),
+        "help": "xpos: gamma of zeta_i = (2i/d + gamma) / (1 + gamma)"})
     xpos_encoder: ChoiceEnum(list(ENCODER_FORMS)) = field(default="scaled", metadata={
         "label": "encoder {}",
         "help": "xpos: the encoder's self-attention, scaled (torchscale's) or rope (the rotation only, "

@@ -108,3 +108,25 @@ def test_two_scalings_at_once_and_rope_flags_on_xpos_are_refused_in_one_line():
     with pytest.raises(PosencError) as xpos:
         build_model("transformer_posenc", "--position-encoding", "xpos", "--rope-yarn-factor", "2", from_checkpoint=True)
     assert str(xpos.value).startswith("--rope-yarn-factor 2.0: xpos takes none of rope's flags")
+
+
+def test_xpos_bounds_are_where_its_factors_leave_float32s_normal_range():
+    """(P - 1)/B ln((1 + gamma)/gamma) <= 126 ln 2: B >= 1023 ln 3.5 / (126 ln 2) = 14.674 at 1024
+    positions; at the bound the last key's factor is a normal float32 number, at half of it inf."""
+    from argparse import Namespace
+
+    from fairseq_posenc.positions.float_bounds import xpos_gamma_low, xpos_scale_base_low
+    from fairseq_posenc.positions.xpos import xpos_factors
+
+    args = Namespace(max_source_positions=1024, max_target_positions=1024, xpos_gamma=0.4, xpos_scale_base=512.0)
+    low = xpos_scale_base_low(args)
+    assert low == pytest.approx(1023 * math.log(3.5) / (126 * math.log(2)), rel=1e-12) == pytest.approx(14.674, 1e-4)
+    at, below = (xpos_factors(torch.tensor([1023]), 4, 0.4, b, torch.float32) for b in (low * 1.0001, low / 2))
+    assert torch.isfinite(at).all() and at.min() >= torch.finfo(torch.float32).tiny
+    assert torch.isinf(below).any()
+    gamma = xpos_gamma_low(Namespace(max_source_positions=1024, max_target_positions=1024, xpos_scale_base=14.0))
+    assert gamma == pytest.approx(1 / math.expm1(126 * math.log(2) * 14 / 1023), rel=1e-12)
+    with pytest.raises(PosencError) as refused:
+        build_model("transformer_posenc", "--position-encoding", "xpos", "--xpos-scale-base", "0.5")
+    assert str(refused.value) == ("--xpos-scale-base must be a finite number > 0.903677 (below it, at this --xpos-gamma, "
+                                  "the factors leave float32's normal range at the last position), got 0.5")  # 63 positions
