@@ -66,6 +66,11 @@ class RotaryPositionEncoding(PositionEncoding):
         longest = getattr(self, "_longest_trained", None)
         return int(longest) if longest is not None and int(longest) > 0 else self.max_positions
 
+    def begin_forward(self, tokens, continues=False):
+        super().begin_forward(tokens, continues)
+        if self.scaling == "rope_yarn_factor" and not continues:  # read once a decode, not every step
+            self._yarn_length = self.trained_length()
+
     def rotation_table(self, n: int, device, dtype, length: int) -> Tensor:
         """(2, n, D): cos and signed sin of positions 0 .. n - 1 (rotation_rows), rows 0-1 for q,
         the last two for k (a subclass may give k its own)."""
@@ -85,7 +90,7 @@ class RotaryPositionEncoding(PositionEncoding):
         # float32, or the model's dtype if wider (a float64 model rotates in float64)
         dtype = at_least_float32(q.dtype)
 
-        length = self.trained_length() if self.scaling == "rope_yarn_factor" else None
+        length = self._yarn_length if self.scaling == "rope_yarn_factor" else None
 
         def rows():
             # (2 or 4, n, D) cos, signed sin (of q, then of k)

@@ -130,3 +130,17 @@ def test_xpos_bounds_are_where_its_factors_leave_float32s_normal_range():
         build_model("transformer_posenc", "--position-encoding", "xpos", "--xpos-scale-base", "0.5")
     assert str(refused.value) == ("--xpos-scale-base must be a finite number > 0.903677 (below it, at this --xpos-gamma, "
                                   "the factors leave float32's normal range at the last position), got 0.5")  # 63 positions
+
+
+def test_yarn_reads_its_trained_length_from_the_weights_once_a_decode():
+    """L: the stack's longest trained input (its weights carry it); a model never trained: its maximum."""
+    model = build_model("transformer_posenc", "--position-encoding", "rope", "--rope-yarn-factor", "4",
+                        from_checkpoint=True).eval()
+    scheme, tokens = model.encoder.position_encoding, torch.ones(1, 3, dtype=torch.long)
+    scheme.begin_forward(tokens)
+    assert scheme._yarn_length == 64  # untrained: --max-source-positions of the toy
+    model.encoder.longest_trained.fill_(9)
+    scheme.begin_forward(tokens, continues=True)  # a later step keeps its first step's
+    assert scheme._yarn_length == 64
+    scheme.begin_forward(tokens)
+    assert scheme._yarn_length == 9
