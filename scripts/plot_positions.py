@@ -132,8 +132,9 @@ def _scheme_arrays(stack, side: str, n: int, add):
                 # a rotation leaves 0 at 0 and turns the unit pair; FLOATER's biases are 0 at a warm start
                 if x0.any() or torch.equal(x1, unit):
                     add(f"{role}-attention {p} bias", PositionArray(_rows(x0), "vectors"), side, layer)
-                else:  # the same rotation for q and k: shown once
-                    add("rotation of q and k (cos | sin)", PositionArray(x1[0, 0].float().numpy(), "rotation"),
+                else:  # a rotation, shown once where q's and k's are the same (xPos scales them apart)
+                    what = "q and k" if torch.equal(out1[0], out1[1]) else p
+                    add(f"rotation of {what} (cos | sin)", PositionArray(x1[0, 0].float().numpy(), "rotation"),
                         side, layer)
 
 

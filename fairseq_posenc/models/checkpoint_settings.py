@@ -43,7 +43,22 @@ MAY_CHANGE = {
     "rope_theta": ((DECODE,), _SPACING),
     "floater_dt": ((DECODE,), _SPACING),
     "rnn_dt": ((DECODE,), _SPACING),
+    "rope_ntk_factor": ((DECODE,), _SPACING),
+    "rope_pi_factor": ((DECODE,), _SPACING),
+    "rope_yarn_factor": ((DECODE,), _SPACING),
 }
+#: options a model is never trained with (positions/rope_scaling.py): refused by fairseq-train
+#: away from their default, also on a fresh run (MAY_CHANGE refuses them on resume and finetune)
+DECODE_ONLY = ("rope_ntk_factor", "rope_pi_factor", "rope_yarn_factor")
+
+
+def refuse_decode_only(args):
+    """One line where a training run's model ``args`` sets a decode-only option."""
+    for f in _fields():
+        value = getattr(args, f.name, f.default)
+        if f.name in DECODE_ONLY and value is not None and value != f.default:
+            raise PosencError(f"--{f.name.replace('_', '-')} {_flag(f.name, value).split()[-1]} is applied at decoding "
+                              "only: train without it, then give it to fairseq-generate's --model-overrides")
 
 #: id of a checkpoint's weights -> (its file, its saved model configuration, how it is loaded), set
 #: by the loaders just before fairseq hands the weights to the model's ``load_state_dict``
@@ -87,7 +102,8 @@ def _describe(args, names, fields) -> str:
     """``args``' values of the options ``names``, as flags (those left at None or off omitted)."""
     return " ".join(_flag(f.name, getattr(args, f.name, f.default)) for f in fields
                     if f.name in names and getattr(args, f.name, f.default) is not None
-                    and getattr(args, f.name, f.default) is not False)
+                    and getattr(args, f.name, f.default) is not False
+                    and not (f.name in DECODE_ONLY and getattr(args, f.name, f.default) == f.default))
 
 
 def _own_options(args) -> List[str]:
@@ -261,6 +277,8 @@ def check_training_loads():
 
     @functools.wraps(original)
     def load_checkpoint(self, filename, *args, **kwargs):
+        # every fairseq-train run asks for its checkpoint before the first update, fresh or not
+        refuse_decode_only(getattr(self.cfg, "model", None))
         how = FINETUNE if filename == getattr(self.cfg.checkpoint, "finetune_from_model", None) else RESUME
         read = checkpoint_utils.load_checkpoint_to_cpu
         states = []

@@ -20,6 +20,7 @@ SCHEMES = {
     "shaw": "shaw.ShawRelative",
     "t5": "t5.T5Bias",
     "rope": "rope.RotaryPositionEncoding",
+    "xpos": "xpos.XPos",
     "alibi": "alibi.ALiBi",
     "floater": "floater.FloaterPositionEncoding",
     "rnn": "rnn.RNNPositionEncoding",

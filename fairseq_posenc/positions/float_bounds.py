@@ -153,3 +153,35 @@ def floater_step_range(args) -> Tuple[float, float]:
     low = max(float(FLOAT32.tiny), span / steps) if steps > 0 else float(FLOAT32.tiny)
     return low, _largest_finite(2) - span
 
+#: ln of float32's smallest normal number (-ln 2^-126): xPos's factors stay normal numbers within it
+_LOG_TINY = 126 * math.log(2)
+
+
+def _usable(value, published: float) -> float:
+    """``value`` where it is a positive finite number, else the published one (its own check refuses it)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return float(value) if ok else published
+
+
+def _xpos_span(args) -> int:
+    """The largest position xPos scales (P - 1 of the longer side)."""
+    return max(positions for _, positions, *_ in _sides(args)) - 1
+
+
+def xpos_scale_base_low(args) -> float:
+    """The smallest --xpos-scale-base B whose factors zeta_i^(+-p/B) (xpos.py) are normal float32
+    numbers up to the last position p = P - 1: the smallest zeta, gamma / (1 + gamma) (i = 0), gives the
+    largest exponent, (P - 1) / B x ln((1 + gamma) / gamma) <= 126 ln 2. At a gamma that is not usable
+    (refused by its own check) the published 0.4, so that each refusal names the flag to change."""
+    gamma = _usable(getattr(args, "xpos_gamma", None), 0.4)
+    if gamma <= xpos_gamma_low(args):  # gamma's own check, after this one, refuses it: B is not to blame
+        gamma = 0.4
+    return _xpos_span(args) * math.log((1 + gamma) / gamma) / _LOG_TINY
+
+
+def xpos_gamma_low(args) -> float:
+    """The smallest --xpos-gamma with the same factors normal: ln((1 + gamma) / gamma) <=
+    126 ln 2 x B / (P - 1), i.e. gamma >= 1 / (exp(126 ln 2 x B / (P - 1)) - 1) (B = --xpos-scale-base)."""
+    base = _usable(getattr(args, "xpos_scale_base", None), 512.0)
+    exponent = _LOG_TINY * base / max(1, _xpos_span(args))
+    return 0.0 if exponent > 700 else 1 / math.expm1(exponent)

@@ -24,12 +24,21 @@ DECODES = [("rope-none", "rope", {"position_encoding": "none"}),
            ("t5-rope", "t5", {"position_encoding": "rope"}),
            ("alibi-rope", "alibi", {"position_encoding": "rope"}),
            ("rope-alibi", "rope", {"position_encoding": "alibi"}),
-           ("rope-theta", "rope", {"rope_theta": 500.0})]
+           ("rope-theta", "rope", {"rope_theta": 500.0}),
+           ("rope-ntk", "rope", {"rope_ntk_factor": 4.0}),
+           ("rope-pi", "rope", {"rope_pi_factor": 4.0}),
+           ("rope-yarn", "rope", {"rope_yarn_factor": 4.0})]
+#: decode-time scalings (positions/rope_scaling.py): name -> (flag, label)
+SCALINGS = {"rope-ntk": ("--rope-ntk-factor", "NTK x4"), "rope-pi": ("--rope-pi-factor", "PI x4 decode-only"),
+            "rope-yarn": ("--rope-yarn-factor", "YaRN x4 decode-only")}
 #: (name, the checkpoint's encoding, the flags of the run going on from it, --finetune-from-model)
 TRAINS = [("resume-rope-none", "rope", ["--position-encoding", "none"], False),
           ("resume-rope-theta", "rope", ["--position-encoding", "rope", "--rope-theta", "500"], False),
           ("resume-t5-rope", "t5", ["--position-encoding", "rope"], False),
           ("finetune-rope-alibi", "rope", ["--position-encoding", "alibi"], True)]
+#: fairseq-train runs of their own (no checkpoint) that give a decode-only setting
+FRESH = [("train-rope-pi", ["--position-encoding", "rope", "--rope-pi-factor", "4"]),
+         ("resume-rope-yarn", ["--position-encoding", "rope", "--rope-yarn-factor", "4"])]
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +66,12 @@ def runs(tmp_path_factory):
             path = str(save / "checkpoint_last.pt")
         jobs.append((name, "fairseq-train", train_command(data, str(save), [*TRAIN, *flags, "--max-update", "3"])))
         paths[name] = path
+    for name, flags in FRESH:  # the resumed one goes on from the trained rope checkpoint
+        save = root / name
+        save.mkdir()
+        if name.startswith("resume"):
+            shutil.copy(root / "rope" / "checkpoint_last.pt", save / "checkpoint_last.pt")
+        jobs.append((name, "fairseq-train", train_command(data, str(save), [*TRAIN, *flags, "--max-update", "3"])))
     results = run_all(jobs, str(root / "loads"))
     with open(root / "loads" / "runs.log") as f:
         log = f.read()
@@ -82,7 +97,7 @@ SAVED = {"rope": "--position-encoding rope --rope-theta 10000", "none": "--posit
          "--t5-max-distance 128", "alibi": "--position-encoding alibi --alibi-encoder symmetric"}
 
 
-@pytest.mark.parametrize("name, saved, overrides", [d for d in DECODES if d[0] != "rope-theta"])
+@pytest.mark.parametrize("name, saved, overrides", [d for d in DECODES if "position_encoding" in d[2]])
 def test_generate_refuses_another_encoding_in_one_line(runs, name, saved, overrides):
     trained, results, paths, _ = runs
     outcome(trained, saved)
@@ -118,3 +133,20 @@ def test_fairseq_train_refuses_to_go_on_as_another_model_in_one_line(runs, name,
         expected = f"fairseq-train: error: {paths[name]} was trained with {saved_text}; this run gives {given}: " \
                    f"{RESUME_ADVICE}"
     assert _refusal(results, name) == expected
+
+
+@pytest.mark.parametrize("name", sorted(SCALINGS))
+def test_generate_with_a_rope_scaling_decodes_and_logs_the_label(runs, name):
+    trained, results, paths, log = runs
+    flag, label = SCALINGS[name]
+    hypotheses = [line for line in outcome(results, name)["stdout"].splitlines() if line.startswith("H-")]
+    assert len(hypotheses) == 8
+    assert (f"{paths[name]}: runs with {flag} 4 (trained with {flag} 1: the spacing of positions, which a decode may "
+            f"rescale for inputs longer than trained); the model is rope ({label})") in log
+
+
+@pytest.mark.parametrize("name, flags", FRESH)
+def test_fairseq_train_refuses_a_decode_only_scaling_in_one_line(runs, name, flags):
+    _, results, _, _ = runs
+    assert _refusal(results, name) == (f"fairseq-train: error: {flags[-2]} 4 is applied at decoding only: train "
+                                       "without it, then give it to fairseq-generate's --model-overrides")

@@ -9,6 +9,7 @@ from fairseq_posenc.positions.alibi import alibi_bias, alibi_slopes
 from fairseq_posenc.positions.diet_abs import DietAbs
 from fairseq_posenc.positions.diet_rel import DietRel
 from fairseq_posenc.positions.rope import RotaryPositionEncoding, rope_angles
+from fairseq_posenc.positions.xpos import XPos, xpos_factors
 from fairseq_posenc.positions.t5 import T5Bias, relative_position_bucket
 from helpers.forward_terms import attention_biases_in_a_forward, biases_in_a_forward, floater_state, solved_positions
 from helpers.scripts import script
@@ -65,6 +66,13 @@ def _expected(model, n):
                 m = min(n, scheme.max_positions)
                 square = torch.einsum("qhr,khr->hqk", scheme.p_q[group, :m] * s, scheme.p_k[group, :m] * s)
                 tables[side, "attention bias", layer] = square.expand(scheme.num_heads, m, m)
+            elif isinstance(scheme, XPos) and scheme.scaled:  # q and k rotated, then scaled apart
+                angles = rope_angles(torch.arange(n), scheme.head_dim, scheme.theta)[:, : scheme.head_dim // 2]
+                factors = xpos_factors(torch.arange(n), scheme.head_dim, scheme.gamma, scheme.scale_base,
+                                       torch.float32)[:, :, : scheme.head_dim // 2]
+                for p, factor in zip("qk", factors):
+                    rows = torch.cat([angles.cos() * factor, angles.sin() * factor], 1)
+                    tables[side, f"rotation of {p} (cos | sin)", layer] = rows
             elif isinstance(scheme, RotaryPositionEncoding):
                 angles = rope_angles(torch.arange(n), scheme.head_dim, scheme.theta)[:, : scheme.head_dim // 2]
                 tables[side, "rotation of q and k (cos | sin)", layer] = torch.cat([angles.cos(), angles.sin()], 1)
