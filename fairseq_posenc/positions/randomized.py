@@ -218,7 +218,8 @@ class TakesRandomizedPositions:
 
     def __init__(self, cfg, side, *args, **kwargs):
         super().__init__(cfg, side, *args, **kwargs)
-        self.randomized = build(cfg, side)
+        # a subclass whose config does not take them (xpos of rope) reads 0 .. n-1
+        self.randomized = build(cfg, side) if issubclass(self.config, RandomizedConfig) else None
         self._drawn: Optional[Tensor] = None
         self._readers = ()
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..compat import PosencError
 from .float_bounds import xpos_gamma_low, xpos_scale_base_low
+from .randomized import RandomizedConfig
 from .rope import RopeConfig, RotaryPositionEncoding, rope_angles, rotation_rows
 from .values import Values
 
@@ -69,7 +70,8 @@ class XPos(RotaryPositionEncoding):
 
     def __init__(self, cfg, side, num_layers, num_heads, head_dim):
         # rope's flags reach a model rebuilt from a checkpoint unchecked (--model-overrides): refuse them here
-        for f in dataclasses.fields(RopeConfig):
+        randomized = {f.name for f in dataclasses.fields(RandomizedConfig)}  # refused as for any encoding
+        for f in (f for f in dataclasses.fields(RopeConfig) if f.name not in randomized):
             given = getattr(cfg, f.name, f.default)
             if given is not None and given != f.default:
                 raise PosencError(f"--{f.name.replace('_', '-')} {given}: xpos takes none of rope's flags (its "

@@ -156,8 +156,8 @@ def test_named_architectures_for_each_encoding(encoding):
 
 
 def test_unknown_encoding_lists_the_choices():
-    with pytest.raises(ValueError, match="unknown --position-encoding 'xpos'; choose one of: sinusoidal, learned"):
-        get_position_encoding("xpos")
+    with pytest.raises(ValueError, match="unknown --position-encoding 'nope'; choose one of: sinusoidal, learned"):
+        get_position_encoding("nope")
 
 
 @pytest.mark.numerics
