@@ -123,7 +123,10 @@ def main(argv=None):
                            "seed": args.data_seed}},
         "models": {"arch": args.size, "encodings": list(args.encodings), "seeds": seeds, "baseline": args.baseline},
         "train": {"max_update": args.max_update, "max_tokens": args.max_tokens, "lr": args.lr,
-                  "position_bias_scale": args.position_bias_scale},
+                  # for the rows that take it; given otherwise, the workflow refuses it
+                  **({"position_bias_scale": args.position_bias_scale} if args.position_bias_scale != 1.0 or any(
+                      uses_bias_scale(POSITION_ENCODINGS[e.partition(":")[0]]) for e in args.encodings
+                      if e.partition(":")[0] in POSITION_ENCODINGS) else {})},
         "report": {"bins": args.bins},
         "warm_start": {"enabled": bool(args.warm_start), "second": {"max_update": args.warm_start}},
     }

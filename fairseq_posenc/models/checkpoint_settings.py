@@ -99,11 +99,13 @@ def _value(args, f, model):
 
 
 def _describe(args, names, fields) -> str:
-    """``args``' values of the options ``names``, as flags (those left at None or off omitted)."""
+    """``args``' values of the options ``names``, as flags (those left at None or off omitted, and
+    those whose switch, their ``needs``, is off)."""
     return " ".join(_flag(f.name, getattr(args, f.name, f.default)) for f in fields
                     if f.name in names and getattr(args, f.name, f.default) is not None
                     and getattr(args, f.name, f.default) is not False
-                    and not (f.name in DECODE_ONLY and getattr(args, f.name, f.default) == f.default))
+                    and not (f.name in DECODE_ONLY and getattr(args, f.name, f.default) == f.default)
+                    and not (f.metadata.get("needs") and not getattr(args, f.metadata["needs"], False)))
 
 
 def _own_options(args) -> List[str]:

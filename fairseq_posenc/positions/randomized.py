@@ -29,6 +29,7 @@ from fairseq.modules import LearnedPositionalEmbedding, SinusoidalPositionalEmbe
 from torch import Tensor
 
 from ..compat import PosencError
+from .float_bounds import DEFAULT_POSITIONS
 from .values import Values
 
 #: the paper's L (its experiments and its reference code's ``noise_max_length``)
@@ -46,7 +47,9 @@ EVALUATION = -1
 
 
 def _longest_input(args) -> int:
-    return max(int(getattr(args, "max_source_positions", 0) or 0), int(getattr(args, "max_target_positions", 0) or 0))
+    """The larger of --max-source/target-positions, fairseq's default where the namespace lacks them
+    (a flag checked as fairseq parses it, before the task's options are read)."""
+    return max(int(getattr(args, f"max_{side}_positions", None) or DEFAULT_POSITIONS) for side in ("source", "target"))
 
 
 @dataclass

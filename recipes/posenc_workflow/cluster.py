@@ -22,7 +22,6 @@ LIMITS = {"train": {"mem_mb": 64000},
           "binarize": {"runtime": 240, "mem_mb": 8000, "cpus_per_task": 16}}
 OTHER = {"runtime": 60, "mem_mb": 8000}
 GPU_RULES = ("train", "decode")
-DEFAULT_PORT = 29500
 
 
 def section(study) -> Dict[str, object]:
@@ -74,12 +73,6 @@ def launcher(study) -> str:
         return ""
     cpus = f" --cpus-per-task={step_cpus(study)}" if study.train["device"] == "gpu" else ""
     return f"srun --nodes={nodes} --ntasks-per-node=1{cpus}"
-
-
-def job_port(job_id: Optional[str]) -> int:
-    """Rank 0's port of a multi-node training, from its SLURM job id: two jobs whose first nodes
-    coincide listen on different ports (20000-31999, under Linux's ephemeral ports)."""
-    return 20000 + int(job_id) % 12000 if job_id and job_id.isdigit() else DEFAULT_PORT
 
 
 def launch_settings(argv: Optional[List[str]] = None, env=None) -> Dict[str, object]:

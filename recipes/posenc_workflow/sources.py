@@ -1,7 +1,8 @@
 """The files of the checkout that a Python file runs, read from its source: what it imports from
 the checkout (``import x``, ``from .x import y``, at module level or inside a function: a lazy
-import runs too when its function does) and the scripts of the checkout it names by file name
-(``"text.py"``, run as a subprocess), followed to the end.
+import runs too when its function does), the modules beside it it names as ``"module.Name"`` (a
+registry's ``import_module``: fairseq_posenc/positions/__init__.py's SCHEMES) and the scripts of the
+checkout it names by file name (``"text.py"``, run as a subprocess), followed to the end.
 
 recipes/Snakefile makes them the inputs of the rule that runs the file, so that an edit of any of
 them runs the rule again (and, through its outputs, what follows), and an edit of another does
@@ -23,6 +24,8 @@ from typing import Iterable, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT_NAME = re.compile(r"[\w./-]+\.py")
+# "module.Name": a module beside the file named by a string, as a registry imports it (import_module)
+MODULE_NAME = re.compile(r"([A-Za-z_]\w*)\.[A-Za-z_]\w*")
 
 
 def _module_file(directory: str) -> Optional[str]:
@@ -76,6 +79,8 @@ def _imported(path: str, root: str) -> Tuple[str, ...]:
                 if os.path.isfile(os.path.join(base, node.value)):
                     found.append(os.path.join(base, node.value))
                     break
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+            found.append(_module_file(os.path.join(here, MODULE_NAME.fullmatch(node.value).group(1))))
     return tuple(os.path.abspath(f) for f in found if f)
 
 

@@ -39,7 +39,6 @@ import time
 from typing import List, Optional, Tuple
 
 from posenc_workflow.checkpoint_pick import intact_last
-from posenc_workflow.cluster import job_port
 
 WHOLE_FILE_LIMIT = 64 << 20  # larger files: their size and first and last 4 MB
 PART = 4 << 20
@@ -52,6 +51,17 @@ SECONDS = "train_seconds.json"
 
 class JobError(Exception):
     """What failed, in one line."""
+
+
+#: rank 0's port of a multi-node training outside SLURM (fairseq's documented one)
+DEFAULT_PORT = 29500
+
+
+def job_port(job_id: Optional[str]) -> int:
+    """Rank 0's port of a multi-node training, from its SLURM job id: two jobs whose first nodes
+    coincide listen on different ports (20000-31999, under Linux's ephemeral ports). Here, not in
+    cluster.py: this script's imports are its rule's inputs, and cluster.py reads the study's schema."""
+    return 20000 + int(job_id) % 12000 if job_id and job_id.isdigit() else DEFAULT_PORT
 
 
 def _file_digest(path: str, digest) -> None:

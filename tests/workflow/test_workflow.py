@@ -433,12 +433,13 @@ def test_the_dry_run_of_every_shipped_configuration_plans_its_jobs(tmp_path):
     total = float(re.search(r", ([\d.]+) h on the CPU, one model after another", outs["iwslt14_cpu"]).group(1))
     assert 2 <= total <= 6 and abs(total - sum(float(t) for t, _ in times)) <= 0.05 * len(times)
     assert "GPU" not in re.search(r"^\| plan total: .*$", outs["iwslt14_cpu"], re.M).group(0)
-    # the length-generalisation study: its five rows (randomized positions by name) on the short-to-long
+    # the length-generalisation study: its eight rows (randomized positions by name) on the short-to-long
     # split, at iwslt14_cpu.yaml's model, budget and speed, 2 h a row
     rows = re.findall(r"^\| plan (\S+)/seed1 \(configuration", outs["length_generalisation"], re.M)
-    assert rows == ["sinusoidal", "sinusoidal-randomized-positions", "rope", "rope-randomized-positions", "alibi"]
+    assert rows == ["sinusoidal", "sinusoidal-randomized-positions", "rope", "rope-randomized-positions", "xpos",
+                    "alibi", "kerple", "fire"]
     assert stats["length_generalisation"]["length_split"] == "1" == stats["length_generalisation"]["length_report"]
-    assert re.findall(r"^\|   time: ([\d.]+) h on the CPU", outs["length_generalisation"], re.M) == ["2.0"] * 5
+    assert re.findall(r"^\|   time: ([\d.]+) h on the CPU", outs["length_generalisation"], re.M) == ["2.0"] * 8
     # a files corpus: its training pairs counted in the files (300 lines, less every 100th to validate)
     assert "(297 training pairs (counted in train.en: 300 lines, " in outs["files"]
     assert stats["files"]["gather"] == "1" and stats["files"]["decode"] == "3"

@@ -74,7 +74,8 @@ def test_a_rules_inputs_are_the_files_its_script_runs():
         "recipes/posenc_workflow/short_to_long.py", "recipes/posenc_workflow/prepare.py", "recipes/posenc_workflow/text.py",
         "scripts/length_split.py", "recipes/posenc_workflow/length_bins.py"}
     assert rel(os.path.join(recipe, "rerank.py")) == {"recipes/posenc_workflow/rerank.py", "recipes/posenc_workflow/text.py"}
-    assert rel(os.path.join(recipe, "train_job.py")) == {"recipes/posenc_workflow/train_job.py"}
+    assert rel(os.path.join(recipe, "train_job.py")) == {"recipes/posenc_workflow/train_job.py",
+                                                         "recipes/posenc_workflow/checkpoint_pick.py"}
     # a script importing the plugin's module: that module, not the plugin's registration
     assert rel(os.path.join(runs.REPO, "scripts", "average_checkpoints.py")) == {
         "scripts/average_checkpoints.py", "fairseq_posenc/compat.py", "fairseq_posenc/positions/kept.py"}
