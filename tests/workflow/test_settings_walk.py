@@ -14,6 +14,7 @@ from snakemake.utils import validate
 
 from posenc_workflow import settings, workflow as wf
 from posenc_workflow.corpus import Corpus
+from helpers.schema_values import other_by_type
 
 SCHEMA = settings.SCHEMA
 ENUMS = {path: node["enum"] for path, node in settings.fields() if "enum" in node}
@@ -85,22 +86,7 @@ def other_value(path, node, current, corpus):
         return OTHER_BY_CORPUS[corpus][path]
     if path in OTHER:
         return OTHER[path]
-    if "enum" in node:
-        return next(v for v in node["enum"] if v != current)
-    types = node.get("type", [])
-    types = [types] if isinstance(types, str) else types
-    if "boolean" in types:
-        return not current
-    if "integer" in types:
-        return current + 1 if isinstance(current, int) else max(3, node.get("minimum", 0))
-    if "number" in types:
-        return current * 2 + 0.25 if isinstance(current, (int, float)) else 0.25
-    if "array" in types:
-        changed = [v + 1 if isinstance(v, int) else v for v in current or []]
-        return changed if changed != (current or []) else [*changed, 7]
-    if "string" in types:
-        return (current or "") + "x"
-    raise AssertionError(f"{path}: no other value for the schema's {node}")
+    return other_by_type(path, node, current)
 
 
 def put(config, path, value):

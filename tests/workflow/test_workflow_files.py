@@ -16,6 +16,7 @@ import yaml
 from posenc_workflow import settings
 from posenc_workflow.corpus import files_data_dir
 from helpers import snakemake_server
+from helpers.schema_values import other_by_type
 from helpers.snakemake_runs import REPO, checkout, edit, ok, run_sh, run_sh_call
 from helpers.toy_archives import write_plain_pairs
 
@@ -264,22 +265,7 @@ def other(path, node, current, work):
                "distillation.relations": "qq,kk", "warm_start.start": "sinusoidal", "corpus.clean.ratio": 2}
     if path in special:
         return special[path]
-    if "enum" in node:
-        return next(v for v in node["enum"] if v != current)
-    types = node.get("type", [])
-    types = [types] if isinstance(types, str) else types
-    if "boolean" in types:
-        return not current
-    if "integer" in types:
-        return current + 1 if isinstance(current, int) else max(3, node.get("minimum", 0))
-    if "number" in types:
-        return current * 2 + 0.25 if isinstance(current, (int, float)) else 0.25
-    if "array" in types:
-        changed = [v + 1 if isinstance(v, int) else v for v in current or []]
-        return changed if changed != (current or []) else [*changed, 7]
-    if "string" in types:
-        return (current or "") + "x"
-    raise AssertionError(f"{path}: no other value for the schema's {node}")
+    return other_by_type(path, node, current)
 
 
 def test_every_field_edited_plans_the_rules_it_feeds_and_what_follows_or_is_refused_in_one_line(finished):
