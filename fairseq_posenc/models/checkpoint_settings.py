@@ -99,21 +99,21 @@ def _value(args, f, model):
 
 
 def _describe(args, names, fields) -> str:
-    """``args``' values of the options ``names``, as flags (those left at None or off omitted, and
-    those whose switch, their ``needs``, is off)."""
+    """``args``' values of the options ``names``, as flags (those left at None or off omitted)."""
     return " ".join(_flag(f.name, getattr(args, f.name, f.default)) for f in fields
                     if f.name in names and getattr(args, f.name, f.default) is not None
                     and getattr(args, f.name, f.default) is not False
-                    and not (f.name in DECODE_ONLY and getattr(args, f.name, f.default) == f.default)
-                    and not (f.metadata.get("needs") and not getattr(args, f.metadata["needs"], False)))
+                    and not (f.name in DECODE_ONLY and getattr(args, f.name, f.default) == f.default))
 
 
 def _own_options(args) -> List[str]:
-    """The option names of ``args``'s encoding worth naming beside it: its ``config``'s."""
-    from .config import scheme_flags
+    """The option names of ``args``'s encoding worth naming beside it: its ``config``'s that the
+    model uses (one whose switch is off is not: config.flags_in_use)."""
+    from .config import flags_in_use, scheme_flags
     from ..positions import get_position_encoding
 
-    return sorted(scheme_flags(get_position_encoding(args.position_encoding)) - set(NOT_THE_MODEL))
+    own = scheme_flags(get_position_encoding(args.position_encoding))
+    return sorted(own & flags_in_use(args) - set(NOT_THE_MODEL))
 
 
 def _advice(how: str) -> str:
