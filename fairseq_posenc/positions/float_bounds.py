@@ -29,6 +29,12 @@ def _sides(args):
         yield (given or width // heads), (positions or DEFAULT_POSITIONS), heads, width, layers
 
 
+def longest_positions(args) -> int:
+    """The larger of --max-source-positions and --max-target-positions (fairseq's default where the
+    namespace lacks them: a flag checked as fairseq parses it, before the task's options are read)."""
+    return max(positions for _, positions, *_ in _sides(args))
+
+
 def _largest_finite(roundings: int) -> float:
     """float32's largest number lowered by ``roundings`` float32 roundings (at most 1 ulp each), so
     that a result computed within them stays finite."""
@@ -65,7 +71,7 @@ def max_relative_distance_high(args) -> int:
     (the larger of --max-source-positions and --max-target-positions; K is the encoder's and the
     decoder's) are more than P - 1 apart, and a larger K only adds 2 (K - P + 1) table rows no
     offset reads (1e12 tried to allocate 64 TB)."""
-    return max(positions for _, positions, *_ in _sides(args)) - 1
+    return longest_positions(args) - 1
 
 
 def physical_memory() -> int:
@@ -134,7 +140,7 @@ def floater_dt_range(args) -> Tuple[float, float]:
     product's; 1e300 is inf, and time 0 x inf is NaN). The solver's steps lie between those times.
     What this does not bound: how large the solution grows with the time, which h's learned
     weights decide (--floater-dissipation bounds it)."""
-    positions = max(positions for _, positions, *_ in _sides(args))
+    positions = longest_positions(args)
     return float(FLOAT32.tiny), _largest_finite(2) / max(1, floater_solved_positions(positions) - 1)
 
 
@@ -146,7 +152,7 @@ def floater_step_range(args) -> Tuple[float, float]:
     grid's times, up to s past the span, finite in float32 (1e300: inf). Machine memory unknown: s
     a normal float32 number."""
     dt = getattr(args, "floater_dt", None) or 0.1
-    positions = max(positions for _, positions, *_ in _sides(args))
+    positions = longest_positions(args)
     width = max(width for _, _, _, width, _ in _sides(args))
     span = (floater_solved_positions(positions) - 1) * dt
     steps = physical_memory() // (4 * (1 + width))
@@ -165,7 +171,7 @@ def _usable(value, published: float) -> float:
 
 def _xpos_span(args) -> int:
     """The largest position xPos scales (P - 1 of the longer side)."""
-    return max(positions for _, positions, *_ in _sides(args)) - 1
+    return longest_positions(args) - 1
 
 
 def xpos_scale_base_low(args) -> float:

@@ -29,7 +29,7 @@ from fairseq.modules import LearnedPositionalEmbedding, SinusoidalPositionalEmbe
 from torch import Tensor
 
 from ..compat import PosencError
-from .float_bounds import DEFAULT_POSITIONS
+from .float_bounds import longest_positions
 from .values import Values
 
 #: the paper's L (its experiments and its reference code's ``noise_max_length``)
@@ -46,12 +46,6 @@ _SIDES = {"encoder": 1, "decoder": 2}
 EVALUATION = -1
 
 
-def _longest_input(args) -> int:
-    """The larger of --max-source/target-positions, fairseq's default where the namespace lacks them
-    (a flag checked as fairseq parses it, before the task's options are read)."""
-    return max(int(getattr(args, f"max_{side}_positions", None) or DEFAULT_POSITIONS) for side in ("source", "target"))
-
-
 @dataclass
 class RandomizedConfig:
     """The flags of randomized positions, a base of each ``config`` of an encoding that takes them."""
@@ -63,7 +57,7 @@ class RandomizedConfig:
     randomized_max_position: int = field(default=PAPER_MAX_POSITION, metadata={
         "label": "randomized L {}",
         "needs": "randomized_positions",
-        "values": Values(low=_longest_input, high=MAX_POSITION_HIGH,
+        "values": Values(low=longest_positions, high=MAX_POSITION_HIGH,
                          why="L holds the longest input (--max-source/target-positions); each sentence draws L keys"),
         "help": "L of --randomized-positions: positions are drawn from [0, L) (the paper's 2048)"})
 
