@@ -11,7 +11,8 @@ such a difference is logged with the label the model runs under. FLOATER's warm 
 settings must match (:func:`refuse_other_general_settings`).
 
 A setting the saved configuration does not hold (a checkpoint of before its flag) is not compared:
-its weights decide, as they did.
+its weights decide, as they did; unless its field's ``metadata["before"]`` says what such a
+checkpoint was trained with (``--randomized-decoder``: the decoder drew before the flag existed).
 """
 import argparse
 import dataclasses
@@ -136,6 +137,7 @@ def differences(saved, model, how: str):
     encoding = next(f for f in fields if f.name == "position_encoding")
     if getattr(saved, "position_encoding", encoding.default) != given.position_encoding:
         return [(encoding, saved.position_encoding, given.position_encoding)], []
+    saved = _with_before(saved, fields)
     names = flags_in_use(saved) | flags_in_use(given)
     refused, allowed = [], []
     for f in fields:
@@ -147,10 +149,17 @@ def differences(saved, model, how: str):
     return refused, allowed
 
 
+def _with_before(saved, fields):
+    """``saved`` with the value ``metadata["before"]`` of each field it lacks that declares one."""
+    missing = {f.name: f.metadata["before"] for f in fields if "before" in f.metadata and not hasattr(saved, f.name)}
+    return argparse.Namespace(**vars(saved), **missing) if missing else saved
+
+
 def refuse_other_settings(saved, model, path: str, how: str):
     """One line (:class:`PosencError`) where the saved configuration ``saved`` of checkpoint ``path``
     differs from the built ``model``'s in a setting that may not change on path ``how``. Returns the
     differences that may (for :func:`log_allowed`, once the weights are loaded)."""
+    saved = _with_before(saved, _fields())
     refused, allowed = differences(saved, model, how)
     what = "this decode gives" if how == DECODE else "this run gives"
     name = f"{path} (--finetune-from-model)" if how == FINETUNE else path

@@ -3,13 +3,13 @@
 With ``--randomized-positions`` a sentence of n real tokens is given, in place of the positions
 0 .. n-1, an ordered random sample p_0 < ... < p_{n-1} of n distinct integers from [0, L), L =
 ``--randomized-max-position`` (the paper's 2048): the n smallest of L keys drawn per sentence,
-sorted. The encoder and the decoder draw independently (their keys differ by side); every layer of
-a stack uses its stack's draw. The authors also draw at test time
-(google-deepmind/randomized_positional_encodings#1: "we also randomize at test time"), and so does
-the encoder here. The decoder cannot: a step-by-step decode fixes the positions of the prefix
-before its length is known, and the paper's models have no cached decoder (their autoregressive
-evaluation re-encodes the whole sequence each step, with a new draw). In evaluation the decoder
-reads 0 .. n-1, so an incremental decode equals the full forward.
+sorted. The paper's models are encoders (non-causal, the whole output at once), which draw in
+training and at test time (google-deepmind/randomized_positional_encodings#1: "we also randomize at
+test time"); so does the encoder here, its closest form, and every layer of the stack uses its draw.
+The decoder reads 0 .. n-1: a step-by-step decode fixes the positions of the prefix before its
+length is known, so it cannot draw as in training. ``--randomized-decoder`` (a labelled variant)
+trains the decoder on its own draws too and still decodes it at 0 .. n-1, positions it never
+trained on (docs/encodings.md has what that does on the toy pair).
 
 The keys are a hash, not a random generator's stream: of fairseq's ``--seed``, the update number
 (evaluation: one fixed stream), the side, L, the key's index j and the sentence's real tokens. A
@@ -54,6 +54,12 @@ class RandomizedConfig:
         "label": "randomized positions",
         "help": "sinusoidal, learned, rope: train on an ordered random sample of positions from [0, L) "
                 "(Ruoss et al., 2023); the encoder also samples in evaluation"})
+    randomized_decoder: bool = field(default=False, metadata={
+        "label": "decoder too",
+        "needs": "randomized_positions",
+        "before": True,  # a checkpoint saved before this flag: its decoder drew in training
+        "help": "--randomized-positions in the decoder's training too (a variant: its decode reads 0 .. n-1, "
+                "which it never trained on)"})
     randomized_max_position: int = field(default=PAPER_MAX_POSITION, metadata={
         "label": "randomized L {}",
         "needs": "randomized_positions",
@@ -143,9 +149,14 @@ class RandomizedPositions(nn.Module):
 
 
 def build(cfg, side: str) -> Optional[RandomizedPositions]:
-    """The scheme's sampler where ``cfg`` asks for randomized positions, else None (a range given
-    without them is refused with the unused flags: its field ``needs`` the switch)."""
-    return RandomizedPositions(cfg, side) if getattr(cfg, "randomized_positions", False) else None
+    """The scheme's sampler where ``cfg`` asks for randomized positions on ``side`` (the encoder; the
+    decoder with ``--randomized-decoder`` too), else None (a range given without them is refused with
+    the unused flags: its field ``needs`` the switch)."""
+    if not getattr(cfg, "randomized_positions", False):
+        return None
+    if side == "decoder" and not getattr(cfg, "randomized_decoder", False):
+        return None
+    return RandomizedPositions(cfg, side)
 
 
 # fairseq's input embeddings, reading the drawn positions where a stack set them (``drawn``: fairseq's

@@ -131,7 +131,7 @@ for log, argv in json.load(open(sys.argv[1])):
 #: (encoding, --ddp-backend, its flags) of each case: every encoding under torch's DDP, FLOATER under
 #: legacy_ddp, and each encoding that takes --randomized-positions with it (each sentence's draw is its
 #: own: the same whichever rank holds it)
-RANDOMIZED = ["--randomized-positions"]
+RANDOMIZED = ["--randomized-positions", "--randomized-decoder"]  # both stacks draw
 CASES = [(encoding, "pytorch_ddp", []) for encoding in POSITION_ENCODINGS] + [("floater", "legacy_ddp", [])] + [
     (encoding, "pytorch_ddp", RANDOMIZED) for encoding, scheme in POSITION_ENCODINGS.items()
     if scheme.config is not None and issubclass(scheme.config, RandomizedConfig)]

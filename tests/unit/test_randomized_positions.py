@@ -119,31 +119,38 @@ def test_rope_rotates_by_the_sampled_positions_by_hand():
 
 @pytest.mark.parametrize("encoding", TAKERS)
 def test_evaluation_draws_in_the_encoder_one_fixed_stream_and_the_decoder_reads_0_to_n_minus_1(encoding):
-    model = _model(encoding)
-    src, _, prev = toy_batch(model.encoder.dictionary, [9, 5, 7], tgt_len=8)
-    enc, dec = model.encoder.position_encoding, model.decoder.position_encoding
-    enc.begin_forward(src)
-    first = enc._drawn.clone()
-    model.encoder.position_encoding.randomized.start_update(50)  # evaluation ignores the update
-    enc.begin_forward(src)
-    assert torch.equal(enc._drawn, first) and not torch.equal(first.clamp(min=0), torch.arange(9).expand(3, 9))
-    dec.begin_forward(prev)
-    assert dec._drawn is None
-    model.train()
-    dec.begin_forward(prev)
-    assert dec._drawn is not None and _real(dec._drawn[0]) != list(range(8))
-    enc.begin_forward(src)
-    assert not torch.equal(enc._drawn, first)  # training's stream, update 50
+    """The encoder draws in training and evaluation (the paper's encoders); the decoder reads 0 .. n-1
+    in both, unless --randomized-decoder has it draw in training."""
+    for variant in ([], ["--randomized-decoder"]):
+        model = _model(encoding, *variant)
+        src, _, prev = toy_batch(model.encoder.dictionary, [9, 5, 7], tgt_len=8)
+        enc, dec = model.encoder.position_encoding, model.decoder.position_encoding
+        enc.begin_forward(src)
+        first = enc._drawn.clone()
+        model.encoder.position_encoding.randomized.start_update(50)  # evaluation ignores the update
+        enc.begin_forward(src)
+        assert torch.equal(enc._drawn, first) and not torch.equal(first.clamp(min=0), torch.arange(9).expand(3, 9))
+        dec.begin_forward(prev)
+        assert dec._drawn is None
+        model.train()
+        dec.begin_forward(prev)
+        if variant:
+            assert dec._drawn is not None and _real(dec._drawn[0]) != list(range(8))
+        else:
+            assert dec.randomized is None and dec._drawn is None
+        enc.begin_forward(src)
+        assert not torch.equal(enc._drawn, first)  # training's stream, update 50
 
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("blocks", ["input", "all"])
 @pytest.mark.parametrize("encoding", TAKERS)
+@pytest.mark.parametrize("decoder", [[], ["--randomized-decoder"]])
 @torch.no_grad()
-def test_incremental_decoding_matches_the_full_forward_in_evaluation(encoding, blocks):
+def test_incremental_decoding_matches_the_full_forward_in_evaluation(encoding, blocks, decoder):
     if blocks == "all" and POSITION_ENCODINGS[encoding].default_blocks is None:
         pytest.skip("no position encoder to place at every block")
-    model = _model(encoding, *(["--position-blocks", "all"] if blocks == "all" else []))
+    model = _model(encoding, *(["--position-blocks", "all"] if blocks == "all" else []), *decoder)
     src, lengths, prev = toy_batch(model.encoder.dictionary, [9, 5, 7], tgt_len=8)
     full = full_log_probs(model, src, lengths, prev)
     torch.testing.assert_close(incremental_log_probs(model, src, lengths, prev), full, atol=1e-5, rtol=1e-5)
@@ -163,12 +170,15 @@ def test_training_reads_the_sample_and_evaluation_the_paper_forms(encoding):
 
 
 def test_a_learned_table_covers_the_range():
-    """(L - max positions) x d more parameters per table: (2048 - 64) x 32 per stack here."""
+    """(L - max positions) x d more parameters per randomized table: (2048 - 64) x 32 here, the
+    encoder's (and the decoder's with --randomized-decoder)."""
     plain = build_model("transformer_posenc", "--position-encoding", "learned")
-    model = build_model("transformer_posenc", "--position-encoding", "learned", "--randomized-positions")
-    assert model.encoder.embed_positions.weight.shape == (2048 + PAD + 1, 32)
-    added = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in plain.parameters())
-    assert added == 2 * (2048 - 64) * 32
+    for variant, stacks in (([], 1), (["--randomized-decoder"], 2)):
+        model = build_model("transformer_posenc", "--position-encoding", "learned", "--randomized-positions", *variant)
+        assert model.encoder.embed_positions.weight.shape == (2048 + PAD + 1, 32)
+        assert model.decoder.embed_positions.weight.shape == ((2048 if variant else 64) + PAD + 1, 32)
+        added = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in plain.parameters())
+        assert added == stacks * (2048 - 64) * 32
     assert model.encoder.max_positions() == 64  # fairseq still filters at --max-source-positions
     blocks = build_model("transformer_posenc", "--position-encoding", "learned", "--randomized-positions",
                          "--position-blocks", "all", "--randomized-max-position", "128")
@@ -195,6 +205,10 @@ def test_a_range_without_randomized_positions_and_a_range_shorter_than_the_input
 
 def test_the_label_says_the_positions_are_randomized():
     assert model_label(_model("rope")) == "rope (randomized positions)"
+    assert model_label(_model("rope", "--randomized-decoder")) == "rope (randomized positions, decoder too)"
+    with pytest.raises(PosencError, match=r"^--randomized-decoder would change nothing: --position-encoding "
+                                          r"sinusoidal without --randomized-positions does not use it"):
+        build_model("transformer_posenc", "--randomized-decoder")
     assert model_label(_model("sinusoidal", "--randomized-max-position", "4096")) == \
         "sinusoidal (randomized positions, randomized L 4096)"
 
@@ -207,3 +221,15 @@ def test_decoding_a_randomized_model_without_the_option_or_the_reverse_is_refuse
     with pytest.raises(PosencError, match=r"^ckpt.pt was trained with --position-encoding sinusoidal "
                                           r"(no )?--randomized-positions; this decode gives"):
         refuse_other_settings(trained, model, "ckpt.pt", DECODE)
+
+
+def test_a_checkpoint_saved_before_the_decoder_flag_counts_as_trained_with_it():
+    """Its decoder drew in training (the form before --randomized-decoder): it resumes or decodes
+    with the flag, and without it is refused naming both."""
+    saved = vars(model_args("transformer_posenc", "--position-encoding", "rope", "--randomized-positions"))
+    del saved["randomized_decoder"]
+    old = argparse.Namespace(**saved)
+    with pytest.raises(PosencError, match=r"^ckpt.pt was trained with --position-encoding rope --randomized-decoder; "
+                                          r"this decode gives --position-encoding rope no --randomized-decoder: "):
+        refuse_other_settings(old, _model("rope"), "ckpt.pt", DECODE)
+    assert refuse_other_settings(old, _model("rope", "--randomized-decoder"), "ckpt.pt", DECODE) == []
