@@ -52,8 +52,8 @@ class RandomizedConfig:
 
     randomized_positions: bool = field(default=False, metadata={
         "label": "randomized positions",
-        "help": "sinusoidal, learned, rope: train on an ordered random sample of positions from [0, L) "
-                "(Ruoss et al., 2023); the encoder also samples in evaluation"})
+        "help": "sinusoidal, learned, rope: the encoder reads an ordered random sample of positions from "
+                "[0, L), in training and evaluation (Ruoss et al., 2023)"})
     randomized_decoder: bool = field(default=False, metadata={
         "label": "decoder too",
         "needs": "randomized_positions",
