@@ -137,7 +137,6 @@ def differences(saved, model, how: str):
     encoding = next(f for f in fields if f.name == "position_encoding")
     if getattr(saved, "position_encoding", encoding.default) != given.position_encoding:
         return [(encoding, saved.position_encoding, given.position_encoding)], []
-    saved = _with_before(saved, fields)
     names = flags_in_use(saved) | flags_in_use(given)
     refused, allowed = [], []
     for f in fields:
@@ -149,17 +148,10 @@ def differences(saved, model, how: str):
     return refused, allowed
 
 
-def _with_before(saved, fields):
-    """``saved`` with the value ``metadata["before"]`` of each field it lacks that declares one."""
-    missing = {f.name: f.metadata["before"] for f in fields if "before" in f.metadata and not hasattr(saved, f.name)}
-    return argparse.Namespace(**vars(saved), **missing) if missing else saved
-
-
 def refuse_other_settings(saved, model, path: str, how: str):
     """One line (:class:`PosencError`) where the saved configuration ``saved`` of checkpoint ``path``
     differs from the built ``model``'s in a setting that may not change on path ``how``. Returns the
     differences that may (for :func:`log_allowed`, once the weights are loaded)."""
-    saved = _with_before(saved, _fields())
     refused, allowed = differences(saved, model, how)
     what = "this decode gives" if how == DECODE else "this run gives"
     name = f"{path} (--finetune-from-model)" if how == FINETUNE else path
@@ -215,11 +207,15 @@ def _is_posenc(args) -> bool:
 
 def saved_model_args(state) -> Optional[argparse.Namespace]:
     """A copy of the model configuration a fairseq checkpoint state was saved with (``cfg.model``,
-    a Namespace for the legacy architectures, or ``args`` of older checkpoints), or None."""
+    a Namespace for the legacy architectures, or ``args`` of older checkpoints), or None. A field it
+    lacks that declares ``metadata["before"]`` gets that value: what the checkpoint was trained with."""
     cfg = state.get("cfg")
     args = cfg.get("model") if cfg is not None else None
     args = args if args is not None else state.get("args")
-    return argparse.Namespace(**vars(args)) if isinstance(args, argparse.Namespace) else None
+    if not isinstance(args, argparse.Namespace):
+        return None
+    before = {f.name: f.metadata["before"] for f in _fields() if "before" in f.metadata and not hasattr(args, f.name)}
+    return argparse.Namespace(**vars(args), **before)
 
 
 def _announce(state, path: str, how: str):

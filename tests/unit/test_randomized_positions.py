@@ -10,7 +10,7 @@ import torch
 
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.labels import model_label
-from fairseq_posenc.models.checkpoint_settings import DECODE, refuse_other_settings
+from fairseq_posenc.models.checkpoint_settings import DECODE, refuse_other_settings, saved_model_args
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.randomized import PAPER_MAX_POSITION, RandomizedConfig, draw
 from fairseq_posenc.positions.rope import rope_angles
@@ -228,7 +228,7 @@ def test_a_checkpoint_saved_before_the_decoder_flag_counts_as_trained_with_it():
     with the flag, and without it is refused naming both."""
     saved = vars(model_args("transformer_posenc", "--position-encoding", "rope", "--randomized-positions"))
     del saved["randomized_decoder"]
-    old = argparse.Namespace(**saved)
+    old = saved_model_args({"cfg": {"model": argparse.Namespace(**saved)}})  # as a loader reads it
     with pytest.raises(PosencError, match=r"^ckpt.pt was trained with --position-encoding rope --randomized-decoder; "
                                           r"this decode gives --position-encoding rope no --randomized-decoder: "):
         refuse_other_settings(old, _model("rope"), "ckpt.pt", DECODE)
