@@ -57,16 +57,21 @@ def run(cmd: Sequence[str], log: str, stdin: Optional[str] = None, capture_stdou
 def preprocess(prefixes: Dict[str, str], dest: str, src: str = "src", tgt: str = "tgt", log_dir: str = None) -> str:
     """``prefixes``: "train", "valid", and "test", "test1", ... (fairseq's names for several test
     sets, which it takes as one comma-separated ``--testpref``)."""
-    cmd = [executable("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt]
+    run([executable("fairseq-preprocess"), *preprocess_args(prefixes, dest, src, tgt)],
+        os.path.join(log_dir or dest, "preprocess.log"))
+    return dest
+
+
+def preprocess_args(prefixes: Dict[str, str], dest: str, src: str = "src", tgt: str = "tgt") -> List[str]:
+    """preprocess()'s fairseq-preprocess arguments."""
+    args = ["--source-lang", src, "--target-lang", tgt]
     for split in ("train", "valid"):
         if split in prefixes:
-            cmd += [f"--{split}pref", prefixes[split]]
+            args += [f"--{split}pref", prefixes[split]]
     tests = sorted((k for k in prefixes if k.startswith("test")), key=lambda k: int(k[4:] or 0))
     if tests:
-        cmd += ["--testpref", ",".join(prefixes[k] for k in tests)]
-    cmd += ["--destdir", dest, "--joined-dictionary", "--workers", "1"]
-    run(cmd, os.path.join(log_dir or dest, "preprocess.log"))
-    return dest
+        args += ["--testpref", ",".join(prefixes[k] for k in tests)]
+    return args + ["--destdir", dest, "--joined-dictionary", "--workers", "1"]
 
 
 def train(data_bin: str, save_dir: str, flags: Sequence[str], log: Optional[str] = None) -> str:

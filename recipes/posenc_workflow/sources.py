@@ -18,14 +18,20 @@ retrains it.
 """
 import ast
 import functools
+import hashlib
+import json
 import os
 import re
+import tempfile
 from typing import Iterable, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT_NAME = re.compile(r"[\w./-]+\.py")
 # "module.Name": a module beside the file named by a string, as a registry imports it (import_module)
 MODULE_NAME = re.compile(r"([A-Za-z_]\w*)\.[A-Za-z_]\w*")
+# what each file names (_named), by the digest of its bytes: $XDG_CACHE_HOME, else ~/.cache
+_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                      "fairseq-posenc", "sources")
 
 
 def _module_file(directory: str) -> Optional[str]:
@@ -44,7 +50,6 @@ def _module_file(directory: str) -> Optional[str]:
 @functools.lru_cache(maxsize=None)
 def _imported(path: str, root: str) -> Tuple[str, ...]:
     """What ``path`` imports or names as a script; kept, as a Snakefile asks for many rules."""
-    tree = _parse(path)
     here = os.path.dirname(path)
     found = []
 
@@ -54,17 +59,16 @@ def _imported(path: str, root: str) -> Tuple[str, ...]:
         return [d for d in (here, os.path.join(root, "scripts"), root, os.path.join(root, "recipes"))
                 if _module_file(os.path.join(d, name))]
 
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                parts = alias.name.split(".")
-                for base in top(parts[0])[:1]:
-                    found.append(_module_file(os.path.join(base, *parts)))
-        elif isinstance(node, ast.ImportFrom):
-            parts = (node.module or "").split(".") if node.module else []
-            if node.level:
+    for kind, level, module, names in _named(path):
+        if kind == "import":
+            parts = module.split(".")
+            for base in top(parts[0])[:1]:
+                found.append(_module_file(os.path.join(base, *parts)))
+        elif kind == "from":
+            parts = module.split(".") if module else []
+            if level:
                 base = here
-                for _ in range(node.level - 1):
+                for _ in range(level - 1):
                     base = os.path.dirname(base)
             else:
                 bases = top(parts[0])
@@ -72,30 +76,69 @@ def _imported(path: str, root: str) -> Tuple[str, ...]:
                     continue
                 base = bases[0]
             package = os.path.join(base, *parts)
-            for alias in node.names:
-                found.append(_module_file(os.path.join(package, alias.name)) or _module_file(package))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and SCRIPT_NAME.fullmatch(node.value):
+            for name in names:
+                found.append(_module_file(os.path.join(package, name)) or _module_file(package))
+        elif SCRIPT_NAME.fullmatch(module):
             for base in (here, os.path.join(root, "scripts"), root):
-                if os.path.isfile(os.path.join(base, node.value)):
-                    found.append(os.path.join(base, node.value))
+                if os.path.isfile(os.path.join(base, module)):
+                    found.append(os.path.join(base, module))
                     break
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
-            found.append(_module_file(os.path.join(here, MODULE_NAME.fullmatch(node.value).group(1))))
+        else:
+            found.append(_module_file(os.path.join(here, MODULE_NAME.fullmatch(module).group(1))))
     return tuple(os.path.abspath(f) for f in found if f)
 
 
-@functools.lru_cache(maxsize=None)
-def _parse(path: str) -> ast.AST:
+def _named(path: str) -> List[list]:
+    """What ``path``'s source names, in the order of its syntax tree: ``["import", 0, module, []]``,
+    ``["from", level, module, names]`` and ``["string", 0, text, []]`` for a string constant that
+    names a script or a module. A function of the file's bytes alone, so kept on disk under their
+    digest (_CACHE): parsing the checkout's files is most of a dry run's time once Snakemake is
+    imported, and every dry run, test or study, reads the same files."""
     if not path.endswith(".py"):
-        return ast.Module(body=[], type_ignores=[])  # a C++ source: what it includes is not followed
+        return []  # a C++ source: what it includes is not followed
     with open(path, "rb") as f:
-        tree = ast.parse(f.read(), filename=path)
+        text = f.read()
+    kept = os.path.join(_CACHE, hashlib.sha256(_extractor() + text).hexdigest() + ".json")
+    try:
+        with open(kept, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        pass
+    named = _parse(text, path)
+    try:  # written whole or not at all: another process may read it at once
+        os.makedirs(_CACHE, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=_CACHE, suffix=".tmp", delete=False, encoding="utf-8") as f:
+            json.dump(named, f)
+        os.replace(f.name, kept)
+    except OSError:  # a read-only home: parsed each time
+        pass
+    return named
+
+
+@functools.lru_cache(maxsize=None)
+def _extractor() -> bytes:
+    """This file's bytes: a cache entry is keyed by the code that wrote it too."""
+    with open(os.path.abspath(__file__), "rb") as f:
+        return f.read()
+
+
+def _parse(text: bytes, path: str) -> List[list]:
+    tree = ast.parse(text, filename=path)
     # docstrings name files in prose, not what runs
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
                 and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
             node.body = node.body[1:]
-    return tree
+    named = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            named.extend(["import", 0, alias.name, []] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            named.append(["from", node.level, node.module or "", [alias.name for alias in node.names]])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                SCRIPT_NAME.fullmatch(node.value) or MODULE_NAME.fullmatch(node.value)):
+            named.append(["string", 0, node.value, []])
+    return named
 
 
 def sources(*paths: str, root: str = ROOT, stop: Iterable[str] = ()) -> Tuple[str, ...]:

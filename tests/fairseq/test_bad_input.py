@@ -9,6 +9,7 @@ import torch
 from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions import POSITION_ENCODINGS
+from helpers.fairseq_runs import preprocess_here
 from helpers.toy import TINY, build_model, toy_batch
 
 # the encodings whose tables end at --max-*-positions, from the registry
@@ -21,7 +22,7 @@ def data_bin(tmp_path_factory):
     # test1: sentences of 20 to 24 words, longer than the 12 positions of the short models below
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (40, 3, 10), "valid": (10, 3, 10),
                                                               "test": (10, 3, 10), "test1": (3, 20, 24)})
-    return pipeline.preprocess(prefixes, str(root / "bin"))
+    return preprocess_here(prefixes, str(root / "bin"))
 
 
 def _run(tool, *args):

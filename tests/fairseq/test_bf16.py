@@ -28,6 +28,7 @@ from fairseq.trainer import Trainer
 
 from fairseq_posenc import compat
 from posenc_workflow import pipeline, toy_data
+from helpers.fairseq_runs import preprocess_here
 from helpers.tolerances import assert_within, float32_tolerance, transformer_terms
 from helpers.toy import build_model, model_that_saved
 
@@ -45,7 +46,7 @@ TPU_SECTIONS = ("common", "distributed_training", "optimizer", "model")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("bf16")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 8), "valid": (20, 3, 8)})
-    return {"root": root, "bin": pipeline.preprocess(prefixes, str(root / "bin"))}
+    return {"root": root, "bin": preprocess_here(prefixes, str(root / "bin"))}
 
 
 def _train_command(data_bin, save_dir, *extra):

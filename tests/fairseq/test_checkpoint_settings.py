@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from posenc_workflow import pipeline, toy_data
-from helpers.fairseq_runs import generate_command, outcome, run_all, train_command
+from posenc_workflow import toy_data
+from helpers.fairseq_runs import generate_command, outcome, preprocess_here, run_all, train_command
 from helpers.toy import TINY
 
 TRAIN = ["--arch", "transformer_posenc", "--cpu", *TINY, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500",
@@ -45,7 +45,7 @@ FRESH = [("train-rope-pi", ["--position-encoding", "rope", "--rope-pi-factor", "
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoint_settings")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (40, 3, 8), "valid": (8, 3, 8)})
-    data = pipeline.preprocess(prefixes, str(root / "bin"))
+    data = preprocess_here(prefixes, str(root / "bin"))
     trained = run_all([(e, "fairseq-train", train_command(data, str(root / e), [*TRAIN, "--position-encoding", e,
                                                                                "--max-update", "2"]))
                        for e in TRAINED], str(root / "train"))

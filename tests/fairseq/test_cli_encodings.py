@@ -8,7 +8,7 @@ import torch
 
 from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS
-from helpers.fairseq_runs import generate_command, outcome, run_all, train_command
+from helpers.fairseq_runs import generate_command, outcome, preprocess_here, run_all, train_command
 from helpers.tolerances import float32_tolerance, transformer_terms
 from helpers.toy import TINY, model_that_saved
 
@@ -26,7 +26,7 @@ def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (600, 3, 10), "valid": (40, 3, 10),
                                                               "test": (20, 3, 14)})
-    data = pipeline.preprocess(prefixes, str(root / "bin"))
+    data = preprocess_here(prefixes, str(root / "bin"))
     jobs = []
     for encoding in POSITION_ENCODINGS:
         save_dir = str(root / encoding)

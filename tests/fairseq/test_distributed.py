@@ -35,6 +35,7 @@ import torch
 from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.randomized import RandomizedConfig
+from helpers.fairseq_runs import preprocess_here
 
 UPDATES = 5
 #: after 5 Adam updates at lr 1e-3 (each parameter moves by up to 5e-3); see FLOATER below
@@ -51,7 +52,7 @@ MODEL = [
 def data_bin(tmp_path_factory):
     root = tmp_path_factory.mktemp("distributed")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (400, 3, 10), "valid": (20, 3, 10)})
-    return pipeline.preprocess(prefixes, str(root / "bin"))
+    return preprocess_here(prefixes, str(root / "bin"))
 
 
 def _rendezvous(path) -> str:

@@ -14,11 +14,11 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
 
-from posenc_workflow import pipeline, toy_data
+from posenc_workflow import toy_data
 from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.kept import kept_result_keys
-from helpers.fairseq_runs import outcome, run_all, train_command
+from helpers.fairseq_runs import outcome, preprocess_here, run_all, train_command
 from helpers.tolerances import assert_within, float32_tolerance, magnitude, solution_tolerance, transformer_terms
 from helpers.toy import TINY, build_model, full_log_probs, toy_batch, with_strong_positions
 
@@ -40,7 +40,7 @@ def runs(tmp_path_factory):
     fairseq_runs.py), on 40 sentence pairs: one batch an update."""
     root = tmp_path_factory.mktemp("ema")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (40, 3, 8), "valid": (8, 3, 8)})
-    data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
+    data_bin = preprocess_here(prefixes, str(root / "bin"))
     jobs = [(e, "fairseq-train", train_command(data_bin, str(root / e), ["--position-encoding", e, *FLAGS]))
             for e in ENCODINGS]
     return data_bin, root, run_all(jobs, str(root / "runs"))

@@ -10,12 +10,11 @@ from posenc_workflow import pipeline, toy_data
 
 # Floors from what a trained model and an untrained one reach on this test set. Training is
 # seeded, but float rounding differs between CPUs and the model is still learning at 300
-# updates, so the trained values move a lot from one machine (or seed) to the next: measured
-# on 2-core machines of this project's kind, BLEU 77.1 and exact-match 0.530 (seed 1), 61.5
-# and 0.370 (seed 2), 54.1 and 0.290 (seed 3), exact-match 0.300 (seed 1, another machine);
-# after one update (untrained) BLEU 0.0 and exact-match 0.000. The floors sit at about half
-# and a third of the lowest.
-BLEU_FLOOR = 30.0
+# updates, so the trained values move a lot from one machine (or seed) to the next: the tiny
+# model (the demo's) measured on a 2-core machine of this project's kind, BLEU 48.6 and
+# exact-match 0.310 (seed 1), 56.6 and 0.345 (seed 2), 57.8 and 0.400 (seed 3); after one update
+# (untrained) BLEU 0.0 and exact-match 0.000. The floors sit at about half and a third of the lowest.
+BLEU_FLOOR = 25.0
 EXACT_MATCH_FLOOR = 0.1
 
 
@@ -27,7 +26,7 @@ def trained(tmp_path_factory):
     )
     data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
     save_dir = str(root / "checkpoints")
-    pipeline.train(data_bin, save_dir, pipeline.toy_train_flags(max_update=300))
+    pipeline.train(data_bin, save_dir, pipeline.toy_train_flags(max_update=300, size="tiny"))
     averaged = pipeline.average_checkpoints(save_dir, 3, str(root / "averaged.pt"))
     generation = pipeline.generate(data_bin, averaged, beam=4, lenpen=0.6)
     return {"root": root, "bin": data_bin, "save_dir": save_dir, "averaged": averaged, "generation": generation}

@@ -10,7 +10,7 @@ import torch
 from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.positions.floater.schedule import PENDING, PENDING_UPDATES, SolveSchedule
-from helpers.fairseq_runs import outcome, run_all, train_command
+from helpers.fairseq_runs import outcome, preprocess_here, run_all, train_command
 from helpers.floater_trainer import FLOW
 from fairseq_posenc.update_hooks import announce_update, finish_update
 from helpers.tolerances import EPS32, assert_within, float32_tolerance, magnitude, transformer_terms
@@ -320,7 +320,7 @@ finally:
 def data_bin(tmp_path_factory):
     root = tmp_path_factory.mktemp("schedule")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (400, 3, 10), "valid": (20, 3, 10)})
-    return pipeline.preprocess(prefixes, str(root / "bin"))
+    return preprocess_here(prefixes, str(root / "bin"))
 
 
 def _train(data_bin, save_dir, max_update, records):

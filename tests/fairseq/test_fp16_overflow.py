@@ -23,6 +23,7 @@ import torch
 
 from posenc_workflow import pipeline, toy_data
 from helpers.tolerances import float32_tolerance, magnitude
+from helpers.fairseq_runs import preprocess_here
 
 HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
 MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
@@ -50,7 +51,7 @@ def _argv(data_bin, save_dir, precision, *flags):
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("overflow")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 10), "valid": (10, 3, 10)})
-    data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
+    data_bin = preprocess_here(prefixes, str(root / "bin"))
     jobs, budgets = [], {}
 
     def pair(name, precision, overflow, *flags):

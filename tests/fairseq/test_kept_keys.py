@@ -13,11 +13,11 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from posenc_workflow import pipeline, toy_data
+from posenc_workflow import toy_data
 from fairseq_posenc.models.transformer_posenc import PosencTransformerModel
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.kept import kept_result_keys
-from helpers.fairseq_runs import generate_command, outcome, run_all, train_command
+from helpers.fairseq_runs import generate_command, outcome, preprocess_here, run_all, train_command
 from helpers.tolerances import assert_within, solution_tolerance
 from helpers.toy import TINY, build_model, full_log_probs, incremental_log_probs, toy_batch, with_strong_positions
 
@@ -222,7 +222,7 @@ def cli(tmp_path_factory):
     with a changed flag for one more update at lr 0."""
     root = tmp_path_factory.mktemp("kept_keys")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (40, 3, 8), "valid": (8, 3, 8)})
-    data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
+    data_bin = preprocess_here(prefixes, str(root / "bin"))
     trained = run_all([(e, "fairseq-train", train_command(data_bin, str(root / e), ["--position-encoding", e, *TRAIN]))
                        for e in SOLVED], str(root / "runs1"))
     checkpoints = {}

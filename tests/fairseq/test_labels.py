@@ -13,14 +13,14 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from posenc_workflow import pipeline, toy_data
+from posenc_workflow import toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.labels import UNLABELLED, describe, model_forms, model_label, scheme_items
 from fairseq_posenc.models.config import PosencConfig
 from fairseq_posenc.positions import POSITION_ENCODINGS
 from fairseq_posenc.positions.segments import SegmentBias
 from fairseq_posenc.positions.values import value_type
-from helpers.fairseq_runs import outcome, run_all, train_command
+from helpers.fairseq_runs import outcome, preprocess_here, run_all, train_command
 from helpers.tolerances import assert_within, magnitude
 from helpers.toy import build_model, full_log_probs, toy_batch
 
@@ -268,7 +268,7 @@ MODEL = ["--arch", "transformer_posenc", "--encoder-layers", "1", "--decoder-lay
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("labels")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (60, 3, 8), "valid": (8, 3, 8)})
-    data = pipeline.preprocess(prefixes, str(root / "bin"))
+    data = preprocess_here(prefixes, str(root / "bin"))
     d = {name: str(root / name) for name in ("vanilla", "warm", "shaw", "rnn")}
     vanilla = os.path.join(d["vanilla"], "checkpoint_last.pt")
     floater = [*MODEL, "--position-encoding", "floater", "--floater-solve-every", "2"]

@@ -33,6 +33,7 @@ import fairseq_cli.validate
 
 from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS
+from helpers.fairseq_runs import preprocess_here
 
 MODEL = [
     "--encoder-layers", "2", "--decoder-layers", "1",
@@ -55,7 +56,7 @@ EPS32 = torch.finfo(torch.float32).eps
 def data_bin(tmp_path_factory):
     root = tmp_path_factory.mktemp("consistency")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (400, 3, 10), "valid": (VALID_SENTENCES, 3, 10)})
-    return pipeline.preprocess(prefixes, str(root / "bin"))
+    return preprocess_here(prefixes, str(root / "bin"))
 
 
 class Recorder:

@@ -4,8 +4,8 @@ option is refused in one line naming both (models/checkpoint_settings.py). Two p
 training, then the decodes (fairseq_runs)."""
 import pytest
 
-from posenc_workflow import pipeline, toy_data
-from helpers.fairseq_runs import generate_command, outcome, run_all, train_command
+from posenc_workflow import toy_data
+from helpers.fairseq_runs import generate_command, outcome, preprocess_here, run_all, train_command
 from helpers.toy import TINY
 
 TRAIN = ["--arch", "transformer_posenc", "--cpu", *TINY, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500",
@@ -18,7 +18,7 @@ GENERATE = ["--gen-subset", "valid", "--beam", "2", "--max-len-b", "10"]
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("randomized")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (40, 3, 8), "valid": (8, 3, 8)})
-    data = pipeline.preprocess(prefixes, str(root / "bin"))
+    data = preprocess_here(prefixes, str(root / "bin"))
     trained = run_all([("train", "fairseq-train", train_command(data, str(root / "rope"), TRAIN))], str(root / "train"))
     path = str(root / "rope" / "checkpoint_last.pt")
     decodes = run_all([

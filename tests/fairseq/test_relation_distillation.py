@@ -21,6 +21,7 @@ from fairseq_posenc.criterions.relation_distillation import (
 from fairseq_posenc.models import from_flags
 from helpers.tolerances import assert_within, float32_tolerance
 from helpers.toy import TINY, model_args
+from helpers.fairseq_runs import preprocess_here
 
 TEACHER = TINY  # 2 + 2 layers, d=32, 4 heads
 STUDENT = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
@@ -32,7 +33,7 @@ STUDENT = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-di
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("distil")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (600, 3, 10), "valid": (40, 3, 10)})
-    data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
+    data_bin = preprocess_here(prefixes, str(root / "bin"))
     pipeline.train(data_bin, str(root / "teacher"), [
         "--arch", "transformer_posenc", "--position-encoding", "t5", "--cpu", *TEACHER, "--share-all-embeddings",
         "--optimizer", "adam", "--lr", "2e-3", "--max-tokens", "1000", "--max-update", "40",

@@ -18,13 +18,14 @@ import pytest
 
 from posenc_workflow import pipeline, toy_data
 from helpers.toy import TINY
+from helpers.fairseq_runs import preprocess_here
 
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (3000, 3, 10), "valid": (40, 3, 10)})
-    return pipeline.preprocess(prefixes, str(root / "bin"))
+    return preprocess_here(prefixes, str(root / "bin"))
 
 
 def _command(data_bin, save_dir, encoding):

@@ -75,14 +75,21 @@ def run_all(jobs: Sequence[Tuple[str, str, List[str]]], workdir: str) -> Dict[st
 
 
 def preprocess_here(prefixes: Dict[str, str], dest: str) -> str:
-    """fairseq-preprocess of a toy corpus's train, valid and test ``prefixes`` (src-tgt, one joined
-    dictionary) in this process, where fairseq is imported already: no process to start."""
+    """pipeline.preprocess() in this process, where fairseq is imported already: no process to
+    start. (test_end_to_end runs fairseq-preprocess itself.)"""
+    import logging
+
     import fairseq_cli.preprocess
     from fairseq import options
 
-    fairseq_cli.preprocess.main(options.get_preprocessing_parser().parse_args([
-        "--source-lang", "src", "--target-lang", "tgt", "--trainpref", prefixes["train"], "--validpref",
-        prefixes["valid"], "--testpref", prefixes["test"], "--destdir", dest, "--joined-dictionary", "--workers", "1"]))
+    logger = logging.getLogger("fairseq_cli.preprocess")
+    handlers = list(logger.handlers)
+    try:
+        fairseq_cli.preprocess.main(options.get_preprocessing_parser().parse_args(pipeline.preprocess_args(prefixes, dest)))
+    finally:  # the log file fairseq-preprocess opens in DEST, closed as its process would
+        for handler in [h for h in logger.handlers if h not in handlers]:
+            logger.removeHandler(handler)
+            handler.close()
     return dest
 
 

@@ -18,6 +18,7 @@ from fairseq_posenc.positions.alibi import ENCODER_FORMS, ALiBi, alibi_bias, ali
 from helpers import scripts
 from helpers.tolerances import assert_within, float32_tolerance, magnitude
 from helpers.toy import build_model, full_log_probs, toy_batch, with_strong_positions
+from helpers.fairseq_runs import preprocess_here
 
 INF = math.inf
 FORM_KEY = "encoder.position_encoding.encoder_form"
@@ -352,7 +353,7 @@ def checkpoints(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("alibi_checkpoints")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 8), "valid": (20, 3, 8)})
-    data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
+    data_bin = preprocess_here(prefixes, str(root / "bin"))
     save_dir = root / "checkpoints"
     flags = pipeline.toy_train_flags("alibi", max_update=100, size="tiny", max_tokens=500) + ["--alibi-encoder", "split"]
     pipeline.train(data_bin, str(save_dir), flags + ["--max-epoch", "2"])

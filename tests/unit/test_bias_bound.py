@@ -18,6 +18,7 @@ from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions
 from fairseq_posenc.positions.bias_scale import uses_bias_scale
 from helpers.toy import ToyTask, model_args, with_strong_positions
+from helpers.fairseq_runs import preprocess_here
 
 SCALED = [name for name, scheme in POSITION_ENCODINGS.items() if uses_bias_scale(scheme)]
 
@@ -123,7 +124,7 @@ def three_updates(tmp_path_factory):
     """fairseq-train, t5 with --position-bias-scale 10, a checkpoint after each of 3 updates."""
     root = tmp_path_factory.mktemp("bias_bound")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (400, 3, 8), "valid": (20, 3, 8)})
-    data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
+    data_bin = preprocess_here(prefixes, str(root / "bin"))
     flags = pipeline.toy_train_flags("t5", max_update=3, seed=4, size="tiny", lr=3e-3, max_tokens=500)
     pipeline.train(data_bin, str(root / "checkpoints"),
                    flags + ["--position-bias-scale", "10", "--save-interval-updates", "1", "--disable-validation"])

@@ -20,6 +20,7 @@ from fairseq_posenc.positions.floater import FloaterODE
 from helpers.tolerances import assert_within, float32_tolerance, magnitude
 from helpers.floater_trainer import FLOW
 from helpers.toy import build_model, toy_batch, with_strong_positions
+from helpers.fairseq_runs import preprocess_here
 
 
 def _rounded_to(model, dtype):
@@ -187,11 +188,11 @@ LOSS_SCALED = ("--fp16", "--memory-efficient-fp16", "--amp")
 
 @pytest.fixture(scope="module")
 def toy_bin(tmp_path_factory):
-    from posenc_workflow import pipeline, toy_data
+    from posenc_workflow import toy_data
 
     root = tmp_path_factory.mktemp("half_floater")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 10), "valid": (10, 3, 10)})
-    return pipeline.preprocess(prefixes, str(root / "bin"))
+    return preprocess_here(prefixes, str(root / "bin"))
 
 
 @pytest.mark.slow  # fairseq's Trainer on a preprocessed corpus

@@ -15,6 +15,7 @@ from helpers.forward_terms import attention_biases_in_a_forward, biases_in_a_for
 from helpers.scripts import script
 from helpers.tolerances import assert_within, float32_tolerance, magnitude
 from helpers.toy import build_model, toy_batch, with_strong_positions
+from helpers.fairseq_runs import preprocess_here
 
 average_checkpoints = script("average_checkpoints")
 plot_positions = script("plot_positions")
@@ -222,7 +223,7 @@ def trained(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("plot_positions")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 8), "valid": (20, 3, 12)})
-    data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
+    data_bin = preprocess_here(prefixes, str(root / "bin"))
     save_dir = root / "checkpoints"
     flags = pipeline.toy_train_flags("floater", max_update=100, size="tiny", max_tokens=500)
     pipeline.train(data_bin, str(save_dir), flags + ["--max-epoch", "2", "--floater-step", "0.1"])

@@ -19,6 +19,7 @@ from fairseq_posenc.positions import POSITION_ENCODINGS, AttentionPositions
 from fairseq_posenc.positions.bias_scale import uses_bias_scale
 from helpers.tolerances import EPS32, assert_within, float32_tolerance, magnitude, transformer_terms
 from helpers.toy import TINY, ToyTask, build_model, full_log_probs, toy_batch
+from helpers.fairseq_runs import preprocess_here
 
 SCALED = [name for name, scheme in POSITION_ENCODINGS.items() if uses_bias_scale(scheme)]
 SEGMENTS = "segment_attention"  # sinusoidal with --segment-attention: its scalars are the bias
@@ -195,7 +196,7 @@ def test_weights_saved_before_the_flag_existed_are_refused_in_one_line(case):
 def data_bin(tmp_path_factory):
     root = tmp_path_factory.mktemp("bias_scale_cli")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (20, 3, 8), "valid": (5, 3, 8)})
-    return pipeline.preprocess(prefixes, str(root / "bin"))
+    return preprocess_here(prefixes, str(root / "bin"))
 
 
 @pytest.mark.slow  # fairseq-train

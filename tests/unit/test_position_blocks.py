@@ -12,6 +12,7 @@ from posenc_workflow import pipeline, toy_data
 from fairseq_posenc.compat import PosencError
 from fairseq_posenc.models import from_flags
 from helpers.tolerances import assert_within, encoder_terms, float32_tolerance, magnitude, transformer_terms
+from helpers.fairseq_runs import preprocess_here
 from helpers.toy import TINY, ToyTask, build_model, full_log_probs, incremental_log_probs, model_that_saved, toy_batch, \
     with_strong_positions
 
@@ -240,7 +241,7 @@ def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("blocks")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (200, 3, 10), "valid": (20, 3, 10),
                                                               "test": (8, 3, 10)})
-    return prefixes, pipeline.preprocess(prefixes, str(root / "data" / "data-bin"))
+    return prefixes, preprocess_here(prefixes, str(root / "data" / "data-bin"))
 
 
 @pytest.mark.fast_run  # the inner loop's one fairseq-train run (make test-fast)

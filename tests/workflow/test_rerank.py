@@ -16,6 +16,7 @@ import pytest
 from posenc_workflow import pipeline, toy_data
 from helpers.tolerances import float32_tolerance
 from helpers.toy import TINY
+from helpers.fairseq_runs import preprocess_here
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RERANK = os.path.join(REPO, "recipes", "posenc_workflow", "rerank.py")
@@ -135,7 +136,7 @@ def decoded(tmp_path_factory):
     root = tmp_path_factory.mktemp("rerank")
     prefixes = toy_data.write_toy_corpus(str(root / "raw"), {"train": (600, 3, 10), "valid": (20, 3, 10),
                                                               "test": (60, 3, 14)})
-    data_bin = pipeline.preprocess(prefixes, str(root / "bin"))
+    data_bin = preprocess_here(prefixes, str(root / "bin"))
     save_dir = str(root / "model")
     pipeline.train(data_bin, save_dir, [
         "--arch", "transformer_posenc", "--position-encoding", "sinusoidal", "--cpu", *TINY,

@@ -249,3 +249,16 @@ def test_every_field_feeds_exactly_the_rules_it_declares():
     assert set().union(*settings.FEEDS.values()) <= rules
     # a field that makes no model, decode or score feeds the report's record at most
     assert all(settings.FEEDS[path] <= {"study_config"} for path in settings.NO_JOB)
+
+
+def test_the_schema_and_every_shipped_configuration_read_as_pyyamls_own_parser_reads_them():
+    """settings.YAML_LOADER (libyaml's, where PyYAML has it) reads what yaml.safe_load reads."""
+    import yaml
+
+    conf = os.path.join(settings.ROOT, "recipes", "conf")
+    paths = sorted(os.path.join(conf, name) for name in os.listdir(conf) if name.endswith(".yaml"))
+    assert len(paths) > 10 and settings.SCHEMA in paths
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        assert yaml.load(text, Loader=settings.YAML_LOADER) == yaml.safe_load(text), path

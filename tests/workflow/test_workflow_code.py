@@ -81,6 +81,39 @@ def test_a_rules_inputs_are_the_files_its_script_runs():
         "scripts/average_checkpoints.py", "fairseq_posenc/compat.py", "fairseq_posenc/positions/kept.py"}
 
 
+
+def test_what_a_file_names_is_kept_by_its_bytes_and_reads_back_as_parsed(tmp_path, monkeypatch):
+    """sources.py keeps what each file names on disk, under the digest of its bytes: an edited file
+    is parsed anew whatever its path and time, and every file of the checkout reads back from the
+    cache as it parses."""
+    from posenc_workflow import sources as module
+
+    monkeypatch.setattr(module, "_CACHE", str(tmp_path / "cache"))
+    package = tmp_path / "root" / "pkg"
+    package.mkdir(parents=True)
+    for name in ("__init__", "b", "c"):
+        (package / f"{name}.py").write_text("")
+    main = package / "a.py"
+
+    def found():
+        module._imported.cache_clear()
+        return sorted(os.path.basename(f) for f in sources(str(main), root=str(tmp_path / "root")))
+
+    main.write_text("from pkg import b\n")
+    assert found() == ["a.py", "b.py"] and len(os.listdir(tmp_path / "cache")) == 2
+    stat = os.stat(main)
+    main.write_text("from pkg import c\n")  # the same size; its time set back: only its bytes differ
+    os.utime(main, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert found() == ["a.py", "c.py"]
+    # the checkout's files: what the cache holds is what a parse finds (a second read is the cache's)
+    files = [os.path.join(d, f) for d, _, names in os.walk(runs.REPO) for f in names
+             if f.endswith(".py") and not d.startswith(os.path.join(runs.REPO, ".venv"))]
+    assert len(files) > 100
+    for path in files:
+        with open(path, "rb") as f:
+            parsed = module._parse(f.read(), path)
+        assert module._named(path) == module._named(path) == parsed, path
+
 STUDY = {**runs.STUDY, "models": {"arch": "tiny", "encodings": ["sinusoidal"]},
          "train": {"recipe": "scaling_nmt", "device": "cpu", "max_update": 6, "save_interval_updates": 3, "lr": 0.003,
                    "dropout": 0.1, "max_tokens": 1000, "update_freq": 1},
