@@ -81,7 +81,6 @@ def test_a_rules_inputs_are_the_files_its_script_runs():
         "scripts/average_checkpoints.py", "fairseq_posenc/compat.py", "fairseq_posenc/positions/kept.py"}
 
 
-
 def test_what_a_file_names_is_kept_by_its_bytes_and_reads_back_as_parsed(tmp_path, monkeypatch):
     """sources.py keeps what each file names on disk, under the digest of its bytes: an edited file
     is parsed anew whatever its path and time, and every file of the checkout reads back from the
@@ -113,6 +112,7 @@ def test_what_a_file_names_is_kept_by_its_bytes_and_reads_back_as_parsed(tmp_pat
         with open(path, "rb") as f:
             parsed = module._parse(f.read(), path)
         assert module._named(path) == module._named(path) == parsed, path
+
 
 STUDY = {**runs.STUDY, "models": {"arch": "tiny", "encodings": ["sinusoidal"]},
          "train": {"recipe": "scaling_nmt", "device": "cpu", "max_update": 6, "save_interval_updates": 3, "lr": 0.003,
